@@ -1,0 +1,135 @@
+//===- NodeImporter.h - what an op converter sees ---------------*- C++ -*-===//
+//
+// Converters are keyed by (ONNX op type, first opset of that form), the way
+// torch-mlir keys its ONNX patterns, so opset differences (attributes that
+// became inputs) sit next to each op. A converter reads its node's inputs and
+// attributes through NodeImporter and either computes host tensors (when all
+// it needs is known at import time) or emits model-dialect ops.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_FRONTEND_NODEIMPORTER_H
+#define FASTLLM_FRONTEND_NODEIMPORTER_H
+
+#include "frontend/HostTensor.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/Diagnostics.h"
+
+#include "onnx/onnx_pb.h"
+
+#include <memory>
+#include <string>
+
+namespace mlir::fastllm {
+
+/// One ONNX value as the importer tracks it: a host tensor (known at import
+/// time), a parameter (read lazily with model.get_parameter), or an SSA value.
+struct ImportedValue {
+  RankedTensorType type;
+  Value value;
+  std::shared_ptr<HostTensor> host;
+  std::string parameter;
+};
+
+class GraphImporter;
+
+class NodeImporter {
+public:
+  NodeImporter(GraphImporter &graph, const onnx::NodeProto &node, Location loc,
+               OpBuilder &builder, int64_t opset)
+      : graph(graph), node(node), loc(loc), builder(builder), opset(opset) {}
+
+  const onnx::NodeProto &getNode() const { return node; }
+  Location getLoc() const { return loc; }
+  OpBuilder &getBuilder() { return builder; }
+  MLIRContext *getContext() { return builder.getContext(); }
+  int64_t getOpset() const { return opset; }
+
+  /// Error prefixed with the node's name and op type.
+  InFlightDiagnostic error();
+
+  // Inputs. Optional inputs may be absent (index past the end or empty name).
+  unsigned numInputs() const { return node.input_size(); }
+  bool hasInput(unsigned i) const {
+    return (int)i < node.input_size() && !node.input(i).empty();
+  }
+  /// The input's type; the input must be present.
+  RankedTensorType inputType(unsigned i);
+  ArrayRef<int64_t> inputShape(unsigned i) { return inputType(i).getShape(); }
+  /// The input's host tensor, or null if it is only known at run time.
+  const HostTensor *hostInput(unsigned i);
+  /// The input's host tensor; an error naming `what` if it is not constant.
+  FailureOr<const HostTensor *> requireHostInput(unsigned i, StringRef what);
+  /// True if every present input is known at import time.
+  bool allInputsHost();
+  /// The input as an SSA value, materialising a constant or parameter read.
+  Value operand(unsigned i);
+  /// Fails with a diagnostic unless the input has a float element type.
+  LogicalResult requireFloat(unsigned i);
+
+  // Attributes.
+  const onnx::AttributeProto *attribute(StringRef name) const;
+  bool hasAttribute(StringRef name) const { return attribute(name); }
+  int64_t intAttr(StringRef name, int64_t defaultValue) const;
+  float floatAttr(StringRef name, float defaultValue) const;
+  std::string stringAttr(StringRef name, StringRef defaultValue) const;
+  std::optional<SmallVector<int64_t>> intsAttr(StringRef name) const;
+
+  // Outputs.
+  unsigned numOutputs() const { return node.output_size(); }
+  /// True if output `i` exists and anything reads it (a node or the graph).
+  bool outputUsed(unsigned i) const;
+  void setOutput(unsigned i, Value value);
+  void setOutput(unsigned i, HostTensor tensor);
+  /// Makes output `out` the same value as input `in` (Identity, Dropout).
+  void forwardInput(unsigned out, unsigned in);
+
+  /// Normalises a possibly negative axis against `rank`, with a diagnostic.
+  FailureOr<int64_t> normalizeAxis(int64_t axis, int64_t rank);
+
+  template <typename OpTy, typename... Args>
+  Value create(Type resultType, Args &&...args) {
+    return builder.create<OpTy>(loc, resultType, std::forward<Args>(args)...)
+        .getResult();
+  }
+
+private:
+  GraphImporter &graph;
+  const onnx::NodeProto &node;
+  Location loc;
+  OpBuilder &builder;
+  int64_t opset;
+};
+
+using OnnxConverter = LogicalResult (*)(NodeImporter &);
+
+struct OnnxConverterEntry {
+  const char *opType;
+  /// First default-domain opset this form of the op applies to.
+  int64_t sinceVersion;
+  OnnxConverter convert;
+};
+
+/// All converters, in no particular order.
+ArrayRef<OnnxConverterEntry> getOnnxConverters();
+
+/// The converter for `opType` at `opset`: the entry with the largest
+/// sinceVersion not above `opset`, or null.
+OnnxConverter lookupOnnxConverter(StringRef opType, int64_t opset);
+
+/// Decodes a TensorProto held inside the model (Constant nodes and their
+/// kin) into a host tensor; external data is not accepted here.
+FailureOr<HostTensor> decodeTensorProto(const onnx::TensorProto &tensor,
+                                        MLIRContext *context,
+                                        llvm::function_ref<InFlightDiagnostic()> error);
+
+/// The MLIR element type of an ONNX TensorProto data type, or null.
+Type convertOnnxElementType(MLIRContext *context, int32_t dataType);
+
+/// The ONNX name of a TensorProto data type, for diagnostics.
+std::string onnxDataTypeName(int32_t dataType);
+
+} // namespace mlir::fastllm
+
+#endif // FASTLLM_FRONTEND_NODEIMPORTER_H

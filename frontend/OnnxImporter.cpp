@@ -1,0 +1,911 @@
+//===- OnnxImporter.cpp - ONNX ModelProto to the model dialect ------------===//
+//
+// The importer walks the graph once in topological order. Every ONNX value is
+// tracked as an ImportedValue: host tensors (integer initializers, Constant
+// nodes and everything computed only from them and from static shapes) are
+// evaluated here, float initializers become model.parameter symbols whose
+// bytes are moved (not copied) out of the protobuf, and the rest is emitted as
+// model-dialect ops into `func.func @forward`.
+//
+//===----------------------------------------------------------------------===//
+
+#include "frontend/OnnxImporter.h"
+#include "frontend/NodeImporter.h"
+#include "ir/ModelDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/DialectResourceBlobManager.h"
+#include "mlir/IR/Verifier.h"
+#include "llvm/ADT/APFloat.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+
+#include "onnx/defs/parser.h"
+
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+
+#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
+
+using namespace mlir;
+using namespace mlir::fastllm;
+
+//===----------------------------------------------------------------------===//
+// Element types
+//===----------------------------------------------------------------------===//
+
+Type mlir::fastllm::convertOnnxElementType(MLIRContext *context,
+                                           int32_t dataType) {
+  Builder b(context);
+  switch (dataType) {
+  case onnx::TensorProto::FLOAT:
+    return b.getF32Type();
+  case onnx::TensorProto::DOUBLE:
+    return b.getF64Type();
+  case onnx::TensorProto::FLOAT16:
+    return b.getF16Type();
+  case onnx::TensorProto::BFLOAT16:
+    return b.getBF16Type();
+  case onnx::TensorProto::INT64:
+    return b.getI64Type();
+  case onnx::TensorProto::INT32:
+    return b.getI32Type();
+  case onnx::TensorProto::INT8:
+    return b.getI8Type();
+  case onnx::TensorProto::BOOL:
+    return b.getI1Type();
+  default:
+    return nullptr;
+  }
+}
+
+std::string mlir::fastllm::onnxDataTypeName(int32_t dataType) {
+  if (onnx::TensorProto::DataType_IsValid(dataType))
+    return onnx::TensorProto::DataType_Name(
+        static_cast<onnx::TensorProto::DataType>(dataType));
+  return "data type " + std::to_string(dataType);
+}
+
+/// Bytes per element in raw_data (bool is one byte).
+static size_t byteWidth(Type type) {
+  return type.isInteger(1) ? 1 : type.getIntOrFloatBitWidth() / 8;
+}
+
+static std::string shapeString(ArrayRef<int64_t> shape) {
+  std::string s = "[";
+  for (auto [i, d] : llvm::enumerate(shape))
+    s += (i ? ", " : "") + std::to_string(d);
+  return s + "]";
+}
+
+//===----------------------------------------------------------------------===//
+// GraphImporter
+//===----------------------------------------------------------------------===//
+
+namespace mlir::fastllm {
+class GraphImporter {
+public:
+  GraphImporter(MLIRContext *context, StringRef name, StringRef modelDir,
+                const OnnxImportOptions &options)
+      : context(context), name(name.str()), modelDir(modelDir.str()),
+        options(options), builder(context),
+        fileLoc(FileLineColLoc::get(context, name, 0, 0)) {}
+
+  OwningOpRef<ModuleOp> run(onnx::ModelProto &model);
+
+  InFlightDiagnostic fileError() { return mlir::emitError(fileLoc); }
+  ImportedValue *lookup(StringRef valueName) {
+    auto it = values.find(valueName);
+    return it == values.end() ? nullptr : &it->second;
+  }
+  Value materialize(ImportedValue &v);
+  bool isUsed(StringRef valueName) const { return used.contains(valueName); }
+  void define(StringRef valueName, ImportedValue v) {
+    values[valueName] = std::move(v);
+  }
+
+private:
+  LogicalResult checkVersions(const onnx::ModelProto &model);
+  LogicalResult importInitializers(onnx::GraphProto &graph);
+  FailureOr<RankedTensorType> inputType(const onnx::ValueInfoProto &info);
+  FailureOr<SmallVector<const onnx::NodeProto *>>
+  topologicalOrder(const onnx::GraphProto &graph);
+  LogicalResult importNode(const onnx::NodeProto &node, size_t index);
+  LogicalResult checkDeclaredType(const onnx::ValueInfoProto &info,
+                                  RankedTensorType actual,
+                                  const Twine &context);
+  FailureOr<std::unique_ptr<std::string>>
+  readExternalData(const onnx::TensorProto &tensor, size_t expectedBytes);
+
+  MLIRContext *context;
+  std::string name, modelDir;
+  const OnnxImportOptions &options;
+  OpBuilder builder;
+  Location fileLoc;
+  int64_t opset = 0;
+  ModuleOp module;
+  llvm::StringMap<ImportedValue> values;
+  llvm::StringSet<> used;
+  llvm::StringMap<const onnx::ValueInfoProto *> declared;
+  llvm::StringMap<int64_t> paramUses;
+};
+} // namespace mlir::fastllm
+
+Value GraphImporter::materialize(ImportedValue &v) {
+  if (v.value)
+    return v.value;
+  if (v.host)
+    v.value = builder.create<model::ConstantOp>(fileLoc, v.host->toAttr());
+  else
+    v.value = builder.create<model::GetParameterOp>(
+        NameLoc::get(builder.getStringAttr(v.parameter), fileLoc), v.type,
+        FlatSymbolRefAttr::get(context, v.parameter));
+  return v.value;
+}
+
+LogicalResult GraphImporter::checkVersions(const onnx::ModelProto &model) {
+  if (!model.has_ir_version())
+    return fileError() << "not an ONNX model: ir_version is missing";
+  int64_t ir = model.ir_version();
+  if (ir < kMinIrVersion || ir > kMaxIrVersion)
+    return fileError() << "unsupported ONNX IR version " << ir
+                       << " (supported: " << kMinIrVersion << " to "
+                       << kMaxIrVersion << ")";
+  bool found = false;
+  for (const onnx::OperatorSetIdProto &set : model.opset_import()) {
+    if (!set.domain().empty() && set.domain() != "ai.onnx")
+      continue;
+    found = true;
+    opset = set.version();
+  }
+  if (!found)
+    return fileError() << "the model imports no default-domain opset";
+  if (opset < kMinOpset || opset > kMaxOpset)
+    return fileError() << "unsupported opset version " << opset
+                       << " (supported: " << kMinOpset << " to " << kMaxOpset
+                       << ")";
+  if (!model.has_graph())
+    return fileError() << "the model has no graph";
+  return success();
+}
+
+FailureOr<std::unique_ptr<std::string>>
+GraphImporter::readExternalData(const onnx::TensorProto &tensor,
+                                size_t expectedBytes) {
+  std::string location;
+  uint64_t offset = 0;
+  std::optional<uint64_t> length;
+  for (const onnx::StringStringEntryProto &kv : tensor.external_data()) {
+    char *end = nullptr;
+    if (kv.key() == "location") {
+      location = kv.value();
+    } else if (kv.key() == "offset" || kv.key() == "length") {
+      uint64_t v = std::strtoull(kv.value().c_str(), &end, 10);
+      if (kv.value().empty() || *end)
+        return fileError() << "initializer '" << tensor.name()
+                           << "': external data " << kv.key() << " '"
+                           << kv.value() << "' is not a number";
+      if (kv.key() == "offset")
+        offset = v;
+      else
+        length = v;
+    }
+  }
+  auto fail = [&]() {
+    return fileError() << "initializer '" << tensor.name()
+                       << "': external data location '" << location << "' ";
+  };
+  if (location.empty())
+    return fileError() << "initializer '" << tensor.name()
+                       << "': external data has no location";
+  if (modelDir.empty())
+    return fail() << "cannot be resolved for a model read from memory";
+  if (llvm::sys::path::is_absolute(location))
+    return fail() << "is an absolute path; it must be inside the model's folder";
+  for (StringRef part : llvm::make_range(llvm::sys::path::begin(location),
+                                         llvm::sys::path::end(location)))
+    if (part == "..")
+      return fail() << "leaves the model's folder";
+  SmallString<256> path(modelDir);
+  llvm::sys::path::append(path, location);
+  SmallString<256> realDir, realPath;
+  if (llvm::sys::fs::real_path(modelDir, realDir) ||
+      llvm::sys::fs::real_path(path, realPath))
+    return fail() << "does not exist";
+  // A symlink inside the folder may still point outside of it.
+  if (!StringRef(realPath).starts_with((realDir + "/").str()))
+    return fail() << "resolves to '" << realPath
+                  << "', outside the model's folder";
+  if (length && *length != expectedBytes)
+    return fail() << "has length " << *length << " but the tensor needs "
+                  << expectedBytes << " bytes";
+  int fd = ::open(realPath.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return fail() << "cannot be opened: " << std::strerror(errno);
+  auto bytes = std::make_unique<std::string>(expectedBytes, '\0');
+  size_t done = 0;
+  while (done < expectedBytes) {
+    ssize_t n = ::pread(fd, bytes->data() + done, expectedBytes - done,
+                        offset + done);
+    if (n <= 0)
+      break;
+    done += n;
+  }
+  ::close(fd);
+  if (done != expectedBytes)
+    return fail() << "is too short: needed " << expectedBytes
+                  << " bytes at offset " << offset << ", read " << done;
+  return bytes;
+}
+
+/// Decodes element `k` of little-endian raw bytes of `type`.
+static double decodeRaw(Type type, const char *data, int64_t k) {
+  auto load = [&](auto tag) {
+    decltype(tag) v;
+    std::memcpy(&v, data + k * sizeof(v), sizeof(v));
+    return v;
+  };
+  if (type.isF32())
+    return load(float());
+  if (type.isF64())
+    return load(double());
+  if (type.isF16() || type.isBF16()) {
+    uint16_t bits = load(uint16_t());
+    APFloat f(cast<FloatType>(type).getFloatSemantics(), APInt(16, bits));
+    return f.convertToDouble();
+  }
+  if (type.isInteger(64))
+    return (double)load(int64_t());
+  if (type.isInteger(32))
+    return load(int32_t());
+  if (type.isInteger(8))
+    return load(int8_t());
+  return load(uint8_t()) != 0; // bool
+}
+
+static int64_t decodeRawInt(Type type, const char *data, int64_t k) {
+  if (type.isInteger(64)) {
+    int64_t v;
+    std::memcpy(&v, data + k * 8, 8);
+    return v;
+  }
+  return (int64_t)decodeRaw(type, data, k);
+}
+
+/// The type of a TensorProto, checking its element type and dims.
+static FailureOr<RankedTensorType>
+tensorProtoType(const onnx::TensorProto &tensor, MLIRContext *context,
+                llvm::function_ref<InFlightDiagnostic()> error) {
+  Type elementType = convertOnnxElementType(context, tensor.data_type());
+  if (!elementType)
+    return error() << "unsupported element type "
+                   << onnxDataTypeName(tensor.data_type()),
+           failure();
+  SmallVector<int64_t> shape;
+  int64_t count = 1;
+  for (int64_t d : tensor.dims()) {
+    if (d < 0 || (d > 0 && count > (int64_t(1) << 40) / d))
+      return error() << "invalid dims", failure();
+    shape.push_back(d);
+    count *= d;
+  }
+  return RankedTensorType::get(shape, elementType);
+}
+
+/// A copy of the data a TensorProto holds in raw_data or its typed fields.
+static FailureOr<std::unique_ptr<std::string>>
+tensorProtoBytes(const onnx::TensorProto &tensor, RankedTensorType type,
+                 llvm::function_ref<InFlightDiagnostic()> error) {
+  Type elementType = type.getElementType();
+  int64_t count = type.getNumElements();
+  size_t width = byteWidth(elementType);
+  size_t expected = count * width;
+  if (tensor.has_raw_data()) {
+    if (tensor.raw_data().size() != expected)
+      return error() << "has " << tensor.raw_data().size()
+                     << " bytes of data but its dims "
+                     << shapeString(type.getShape()) << " need " << expected,
+             failure();
+    return std::make_unique<std::string>(tensor.raw_data());
+  }
+  auto bytes = std::make_unique<std::string>(expected, '\0');
+  char *out = bytes->data();
+  int64_t have;
+  if (elementType.isF32())
+    have = tensor.float_data_size();
+  else if (elementType.isF64())
+    have = tensor.double_data_size();
+  else if (elementType.isInteger(64))
+    have = tensor.int64_data_size();
+  else // int32_data holds int32, int8, bool and the bits of f16/bf16.
+    have = tensor.int32_data_size();
+  if (have != count)
+    return error() << "has " << have << " values but its dims "
+                   << shapeString(type.getShape()) << " need " << count,
+           failure();
+  if (elementType.isF32())
+    std::memcpy(out, tensor.float_data().data(), expected);
+  else if (elementType.isF64())
+    std::memcpy(out, tensor.double_data().data(), expected);
+  else if (elementType.isInteger(64))
+    std::memcpy(out, tensor.int64_data().data(), expected);
+  else
+    for (int64_t k = 0; k < count; ++k) {
+      int32_t v = tensor.int32_data(k);
+      std::memcpy(out + k * width, &v, width);
+    }
+  return bytes;
+}
+
+static HostTensor decodeHost(RankedTensorType type, const std::string &bytes) {
+  HostTensor host;
+  host.elementType = type.getElementType();
+  host.shape.assign(type.getShape().begin(), type.getShape().end());
+  int64_t count = type.getNumElements();
+  if (host.isFloat()) {
+    host.floats.resize(count);
+    for (int64_t k = 0; k < count; ++k)
+      host.floats[k] = decodeRaw(host.elementType, bytes.data(), k);
+  } else {
+    host.ints.resize(count);
+    for (int64_t k = 0; k < count; ++k)
+      host.ints[k] = decodeRawInt(host.elementType, bytes.data(), k);
+  }
+  return host;
+}
+
+FailureOr<HostTensor> mlir::fastllm::decodeTensorProto(
+    const onnx::TensorProto &tensor, MLIRContext *context,
+    llvm::function_ref<InFlightDiagnostic()> error) {
+  if (tensor.data_location() == onnx::TensorProto::EXTERNAL)
+    return error() << "external data is only supported for initializers",
+           failure();
+  auto type = tensorProtoType(tensor, context, error);
+  if (failed(type))
+    return failure();
+  auto bytes = tensorProtoBytes(tensor, *type, error);
+  if (failed(bytes))
+    return failure();
+  return decodeHost(*type, **bytes);
+}
+
+LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
+  if (graph.sparse_initializer_size())
+    return fileError() << "sparse initializers are not supported ('"
+                       << graph.sparse_initializer(0).values().name() << "')";
+  for (onnx::TensorProto &tensor : *graph.mutable_initializer()) {
+    const std::string &tname = tensor.name();
+    if (tname.empty())
+      return fileError() << "an initializer has no name";
+    if (values.count(tname))
+      return fileError() << "initializer '" << tname << "' is defined twice";
+    auto error = [&]() {
+      return fileError() << "initializer '" << tname << "' ";
+    };
+    auto type = tensorProtoType(tensor, context, error);
+    if (failed(type))
+      return failure();
+    Type elementType = type->getElementType();
+    size_t width = byteWidth(elementType);
+    size_t expected = type->getNumElements() * width;
+
+    // The bytes: external data, raw_data moved out of the proto, or a copy of
+    // the typed fields (small tensors only, in practice).
+    std::unique_ptr<std::string> bytes;
+    if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
+      auto ext = readExternalData(tensor, expected);
+      if (failed(ext))
+        return failure();
+      bytes = std::move(*ext);
+    } else if (tensor.has_raw_data() && tensor.raw_data().size() == expected) {
+      bytes.reset(tensor.release_raw_data());
+    } else {
+      auto copied = tensorProtoBytes(tensor, *type, error);
+      if (failed(copied))
+        return failure();
+      bytes = std::move(*copied);
+    }
+
+    ImportedValue value;
+    value.type = *type;
+    if (isa<FloatType>(elementType)) {
+      // A weight: its bytes become the parameter's resource blob, held once.
+      ArrayRef<char> data(bytes->data(), bytes->size());
+      std::string *owned = bytes.release();
+      AsmResourceBlob blob(
+          data, width, [owned](void *, size_t, size_t) { delete owned; },
+          /*dataIsMutable=*/false);
+      auto attr = DenseResourceElementsAttr::get(*type, tname, std::move(blob));
+      OpBuilder::InsertionGuard guard(builder);
+      builder.setInsertionPointToEnd(module.getBody());
+      builder.create<model::ParameterOp>(
+          NameLoc::get(builder.getStringAttr(tname), fileLoc), tname, *type,
+          attr);
+      value.parameter = tname;
+    } else {
+      value.host = std::make_shared<HostTensor>(decodeHost(*type, *bytes));
+    }
+    values[tname] = std::move(value);
+  }
+  return success();
+}
+
+FailureOr<RankedTensorType>
+GraphImporter::inputType(const onnx::ValueInfoProto &info) {
+  if (!info.type().has_tensor_type())
+    return fileError() << "graph input '" << info.name()
+                       << "' is not a tensor";
+  const onnx::TypeProto::Tensor &tt = info.type().tensor_type();
+  Type elementType = convertOnnxElementType(context, tt.elem_type());
+  if (!elementType)
+    return fileError() << "graph input '" << info.name()
+                       << "' has unsupported element type "
+                       << onnxDataTypeName(tt.elem_type());
+  if (!tt.has_shape())
+    return fileError() << "graph input '" << info.name()
+                       << "' has no shape; its rank must be known";
+  SmallVector<int64_t> shape;
+  for (auto [i, dim] : llvm::enumerate(tt.shape().dim())) {
+    if (dim.has_dim_value()) {
+      if (dim.dim_value() < 0)
+        return fileError() << "graph input '" << info.name() << "' dim " << i
+                           << " is negative";
+      shape.push_back(dim.dim_value());
+    } else if (dim.has_dim_param()) {
+      auto it = options.dimBindings.find(dim.dim_param());
+      if (it == options.dimBindings.end())
+        return fileError() << "graph input '" << info.name() << "' dim " << i
+                           << " is the symbolic dim '" << dim.dim_param()
+                           << "'; bind it with --bind-dim " << dim.dim_param()
+                           << "=N";
+      shape.push_back(it->second);
+    } else {
+      return fileError() << "graph input '" << info.name() << "' dim " << i
+                         << " is unknown (neither a value nor a name)";
+    }
+  }
+  return RankedTensorType::get(shape, elementType);
+}
+
+LogicalResult GraphImporter::checkDeclaredType(const onnx::ValueInfoProto &info,
+                                               RankedTensorType actual,
+                                               const Twine &where) {
+  if (!info.type().has_tensor_type())
+    return success();
+  const onnx::TypeProto::Tensor &tt = info.type().tensor_type();
+  if (tt.elem_type() != onnx::TensorProto::UNDEFINED) {
+    Type declaredElt = convertOnnxElementType(context, tt.elem_type());
+    if (declaredElt != actual.getElementType())
+      return fileError() << where << ": value '" << info.name()
+                         << "' is declared as "
+                         << onnxDataTypeName(tt.elem_type()) << " but is "
+                         << actual.getElementType();
+  }
+  if (!tt.has_shape())
+    return success();
+  bool mismatch = tt.shape().dim_size() != actual.getRank();
+  for (int i = 0; !mismatch && i < tt.shape().dim_size(); ++i) {
+    const auto &dim = tt.shape().dim(i);
+    std::optional<int64_t> want;
+    if (dim.has_dim_value())
+      want = dim.dim_value();
+    else if (dim.has_dim_param() && options.dimBindings.count(dim.dim_param()))
+      want = options.dimBindings.lookup(dim.dim_param());
+    mismatch = want && *want != actual.getDimSize(i);
+  }
+  if (mismatch) {
+    std::string declaredShape = "[";
+    for (int i = 0; i < tt.shape().dim_size(); ++i) {
+      const auto &dim = tt.shape().dim(i);
+      declaredShape += (i ? ", " : "") + (dim.has_dim_value()
+                                              ? std::to_string(dim.dim_value())
+                                              : dim.dim_param().empty()
+                                                    ? std::string("?")
+                                                    : dim.dim_param());
+    }
+    declaredShape += "]";
+    return fileError() << where << ": value '" << info.name()
+                       << "' has shape " << shapeString(actual.getShape())
+                       << " but the model declares " << declaredShape;
+  }
+  return success();
+}
+
+FailureOr<SmallVector<const onnx::NodeProto *>>
+GraphImporter::topologicalOrder(const onnx::GraphProto &graph) {
+  // Kahn's algorithm keeping file order among ready nodes: exporters already
+  // write a topological order, which we then keep exactly.
+  llvm::StringMap<int> producer;
+  for (auto [i, node] : llvm::enumerate(graph.node()))
+    for (const std::string &out : node.output())
+      if (!out.empty()) {
+        if (values.count(out) || producer.count(out))
+          return fileError() << "value '" << out
+                             << "' is defined more than once";
+        producer[out] = i;
+      }
+  size_t n = graph.node_size();
+  std::vector<int> pending(n, 0);
+  std::vector<SmallVector<int>> consumers(n);
+  for (auto [i, node] : llvm::enumerate(graph.node())) {
+    for (const std::string &in : node.input()) {
+      if (in.empty() || values.count(in))
+        continue;
+      auto it = producer.find(in);
+      if (it == producer.end())
+        return fileError() << "node '" << node.name() << "' (" << node.op_type()
+                           << "): input '" << in << "' is not defined";
+      ++pending[i];
+      consumers[it->second].push_back(i);
+    }
+  }
+  SmallVector<const onnx::NodeProto *> order;
+  std::vector<bool> done(n, false);
+  // Repeated sweeps keep the original order when it is already topological.
+  bool progress = true;
+  while (order.size() < n && progress) {
+    progress = false;
+    for (size_t i = 0; i < n; ++i) {
+      if (done[i] || pending[i])
+        continue;
+      done[i] = progress = true;
+      order.push_back(&graph.node(i));
+      for (int c : consumers[i])
+        --pending[c];
+    }
+  }
+  if (order.size() < n) {
+    for (size_t i = 0; i < n; ++i)
+      if (!done[i])
+        return fileError() << "the graph has a cycle through node '"
+                           << graph.node(i).name() << "' ("
+                           << graph.node(i).op_type() << ")";
+  }
+  return order;
+}
+
+LogicalResult GraphImporter::importNode(const onnx::NodeProto &node,
+                                        size_t index) {
+  std::string nodeName =
+      node.name().empty() ? node.op_type() + "#" + std::to_string(index)
+                          : node.name();
+  Location loc = NameLoc::get(builder.getStringAttr(nodeName), fileLoc);
+  if (!node.domain().empty() && node.domain() != "ai.onnx")
+    return mlir::emitError(loc)
+           << "node '" << nodeName << "': op '" << node.op_type()
+           << "' of domain '" << node.domain() << "' is not supported";
+  OnnxConverter convert = lookupOnnxConverter(node.op_type(), opset);
+  if (!convert)
+    return mlir::emitError(loc)
+           << "node '" << nodeName << "': unsupported op '" << node.op_type()
+           << "' (opset " << opset << ")";
+  NodeImporter importer(*this, node, loc, builder, opset);
+  if (failed(convert(importer)))
+    return failure();
+  for (const std::string &out : node.output()) {
+    if (out.empty())
+      continue;
+    ImportedValue *v = lookup(out);
+    if (!v) {
+      if (!isUsed(out))
+        continue; // an optional output nobody reads
+      return importer.error() << "output '" << out << "' is not supported";
+    }
+    auto it = declared.find(out);
+    if (it != declared.end() &&
+        failed(checkDeclaredType(*it->second, v->type,
+                                 "node '" + nodeName + "' (" + node.op_type() +
+                                     ")")))
+      return failure();
+  }
+  return success();
+}
+
+OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
+  if (failed(checkVersions(model)))
+    return nullptr;
+  onnx::GraphProto &graph = *model.mutable_graph();
+  if (graph.node_size() == 0 && graph.output_size() == 0)
+    return fileError() << "the graph is empty", nullptr;
+  if (graph.output_size() == 0)
+    return fileError() << "the graph has no outputs", nullptr;
+
+  OwningOpRef<ModuleOp> owned = ModuleOp::create(fileLoc);
+  module = *owned;
+  if (!graph.name().empty())
+    module->setAttr("model.graph_name", builder.getStringAttr(graph.name()));
+  if (failed(importInitializers(graph)))
+    return nullptr;
+
+  // Graph inputs (older IR versions also list the initializers there).
+  SmallVector<Type> argTypes;
+  SmallVector<const onnx::ValueInfoProto *> args;
+  for (const onnx::ValueInfoProto &info : graph.input()) {
+    if (values.count(info.name()))
+      continue;
+    auto type = inputType(info);
+    if (failed(type))
+      return nullptr;
+    argTypes.push_back(*type);
+    args.push_back(&info);
+  }
+  for (const onnx::ValueInfoProto &info : graph.value_info())
+    declared[info.name()] = &info;
+  for (const onnx::ValueInfoProto &info : graph.output())
+    declared[info.name()] = &info;
+  for (const onnx::NodeProto &node : graph.node())
+    for (const std::string &in : node.input())
+      used.insert(in);
+  for (const onnx::ValueInfoProto &info : graph.output())
+    used.insert(info.name());
+
+  builder.setInsertionPointToEnd(module.getBody());
+  auto func = builder.create<func::FuncOp>(
+      fileLoc, "forward", builder.getFunctionType(argTypes, {}));
+  Block *entry = func.addEntryBlock();
+  for (auto [i, info] : llvm::enumerate(args)) {
+    func.setArgAttr(i, "model.name", builder.getStringAttr(info->name()));
+    ImportedValue v;
+    v.type = cast<RankedTensorType>(argTypes[i]);
+    v.value = entry->getArgument(i);
+    values[info->name()] = std::move(v);
+  }
+  builder.setInsertionPointToEnd(entry);
+
+  auto order = topologicalOrder(graph);
+  if (failed(order))
+    return nullptr;
+  for (auto [i, node] : llvm::enumerate(*order))
+    if (failed(importNode(*node, i)))
+      return nullptr;
+
+  SmallVector<Value> results;
+  SmallVector<Type> resultTypes;
+  for (const onnx::ValueInfoProto &info : graph.output()) {
+    ImportedValue *v = lookup(info.name());
+    if (!v)
+      return fileError() << "graph output '" << info.name()
+                         << "' is not defined",
+             nullptr;
+    if (failed(checkDeclaredType(info, v->type, "graph output")))
+      return nullptr;
+    results.push_back(materialize(*v));
+    resultTypes.push_back(v->type);
+  }
+  builder.create<func::ReturnOp>(fileLoc, results);
+  func.setFunctionType(builder.getFunctionType(argTypes, resultTypes));
+  for (auto [i, info] : llvm::enumerate(graph.output()))
+    func.setResultAttr(i, "model.name", builder.getStringAttr(info.name()));
+
+  // Parameters nothing reads are dropped: they would be trained for nothing.
+  for (auto param :
+       llvm::make_early_inc_range(module.getOps<model::ParameterOp>()))
+    if (SymbolTable::symbolKnownUseEmpty(param, module))
+      param.erase();
+
+  if (failed(mlir::verify(module)))
+    return fileError() << "internal error: the imported IR does not verify",
+           nullptr;
+  return owned;
+}
+
+//===----------------------------------------------------------------------===//
+// NodeImporter
+//===----------------------------------------------------------------------===//
+
+InFlightDiagnostic NodeImporter::error() {
+  std::string nodeName = node.name().empty() ? node.op_type() : node.name();
+  return mlir::emitError(loc)
+         << "node '" << nodeName << "' (" << node.op_type() << "): ";
+}
+
+RankedTensorType NodeImporter::inputType(unsigned i) {
+  return graph.lookup(node.input(i))->type;
+}
+
+const HostTensor *NodeImporter::hostInput(unsigned i) {
+  if (!hasInput(i))
+    return nullptr;
+  return graph.lookup(node.input(i))->host.get();
+}
+
+FailureOr<const HostTensor *> NodeImporter::requireHostInput(unsigned i,
+                                                             StringRef what) {
+  if (!hasInput(i))
+    return error() << "missing input " << what, failure();
+  if (const HostTensor *t = hostInput(i))
+    return t;
+  return error() << what << " (input '" << node.input(i)
+                 << "') must be known at import time", failure();
+}
+
+bool NodeImporter::allInputsHost() {
+  for (unsigned i = 0; i < numInputs(); ++i)
+    if (hasInput(i) && !hostInput(i))
+      return false;
+  return true;
+}
+
+Value NodeImporter::operand(unsigned i) {
+  return graph.materialize(*graph.lookup(node.input(i)));
+}
+
+LogicalResult NodeImporter::requireFloat(unsigned i) {
+  Type t = inputType(i).getElementType();
+  if (isa<FloatType>(t))
+    return success();
+  return error() << "input '" << node.input(i) << "' must be a float tensor, got "
+                 << t;
+}
+
+const onnx::AttributeProto *NodeImporter::attribute(StringRef name) const {
+  for (const onnx::AttributeProto &a : node.attribute())
+    if (a.name() == name)
+      return &a;
+  return nullptr;
+}
+
+int64_t NodeImporter::intAttr(StringRef name, int64_t defaultValue) const {
+  const onnx::AttributeProto *a = attribute(name);
+  return a ? a->i() : defaultValue;
+}
+
+float NodeImporter::floatAttr(StringRef name, float defaultValue) const {
+  const onnx::AttributeProto *a = attribute(name);
+  return a ? a->f() : defaultValue;
+}
+
+std::string NodeImporter::stringAttr(StringRef name,
+                                     StringRef defaultValue) const {
+  const onnx::AttributeProto *a = attribute(name);
+  return a ? a->s() : defaultValue.str();
+}
+
+std::optional<SmallVector<int64_t>>
+NodeImporter::intsAttr(StringRef name) const {
+  const onnx::AttributeProto *a = attribute(name);
+  if (!a)
+    return std::nullopt;
+  return SmallVector<int64_t>(a->ints().begin(), a->ints().end());
+}
+
+bool NodeImporter::outputUsed(unsigned i) const {
+  return (int)i < node.output_size() && !node.output(i).empty() &&
+         graph.isUsed(node.output(i));
+}
+
+void NodeImporter::setOutput(unsigned i, Value value) {
+  if ((int)i >= node.output_size() || node.output(i).empty())
+    return;
+  ImportedValue v;
+  v.type = cast<RankedTensorType>(value.getType());
+  v.value = value;
+  graph.define(node.output(i), std::move(v));
+}
+
+void NodeImporter::setOutput(unsigned i, HostTensor tensor) {
+  if ((int)i >= node.output_size() || node.output(i).empty())
+    return;
+  ImportedValue v;
+  v.type = tensor.getType();
+  v.host = std::make_shared<HostTensor>(std::move(tensor));
+  graph.define(node.output(i), std::move(v));
+}
+
+void NodeImporter::forwardInput(unsigned out, unsigned in) {
+  if ((int)out >= node.output_size() || node.output(out).empty())
+    return;
+  ImportedValue copy = *graph.lookup(node.input(in));
+  graph.define(node.output(out), std::move(copy));
+}
+
+FailureOr<int64_t> NodeImporter::normalizeAxis(int64_t axis, int64_t rank) {
+  if (axis < -rank || axis >= std::max<int64_t>(rank, 1))
+    return error() << "axis " << axis << " is out of range for rank " << rank,
+           failure();
+  return axis < 0 ? axis + rank : axis;
+}
+
+//===----------------------------------------------------------------------===//
+// Entry points
+//===----------------------------------------------------------------------===//
+
+void mlir::fastllm::registerOnnxImportDialects(DialectRegistry &registry) {
+  registry.insert<model::ModelDialect, func::FuncDialect>();
+}
+
+static OwningOpRef<ModuleOp> importModel(MLIRContext *context,
+                                         onnx::ModelProto &model,
+                                         StringRef name, StringRef modelDir,
+                                         const OnnxImportOptions &options) {
+  context->loadDialect<model::ModelDialect, func::FuncDialect>();
+  GraphImporter importer(context, name, modelDir, options);
+  return importer.run(model);
+}
+
+static OwningOpRef<ModuleOp> parseText(MLIRContext *context, StringRef text,
+                                       StringRef name, StringRef modelDir,
+                                       const OnnxImportOptions &options) {
+  onnx::ModelProto model;
+  std::string copy = text.str();
+  onnx::Status status = onnx::OnnxParser::Parse(model, copy.c_str());
+  if (!status.IsOK())
+    return mlir::emitError(FileLineColLoc::get(context, name, 0, 0))
+               << "cannot parse ONNX text: " << status.ErrorMessage(),
+           nullptr;
+  return importModel(context, model, name, modelDir, options);
+}
+
+OwningOpRef<ModuleOp>
+mlir::fastllm::importOnnxBuffer(MLIRContext *context, StringRef buffer,
+                                StringRef name, StringRef modelDir,
+                                const OnnxImportOptions &options) {
+  Location loc = FileLineColLoc::get(context, name, 0, 0);
+  if (buffer.empty())
+    return mlir::emitError(loc) << "the file is empty", nullptr;
+  if (options.textFormat)
+    return parseText(context, buffer, name, modelDir, options);
+  onnx::ModelProto model;
+  if (buffer.size() > INT_MAX ||
+      !model.ParseFromArray(buffer.data(), (int)buffer.size()))
+    return mlir::emitError(loc)
+               << "not a valid ONNX model (protobuf parsing failed; the file "
+                  "may be truncated)",
+           nullptr;
+  return importModel(context, model, name, modelDir, options);
+}
+
+OwningOpRef<ModuleOp> mlir::fastllm::importOnnxFile(MLIRContext *context,
+                                                    StringRef path,
+                                                    OnnxImportOptions options) {
+  Location loc = FileLineColLoc::get(context, path, 0, 0);
+  if (path.ends_with(".onnxtext"))
+    options.textFormat = true;
+  SmallString<256> dir(path);
+  llvm::sys::path::remove_filename(dir);
+  if (dir.empty())
+    dir = ".";
+
+  if (options.textFormat) {
+    auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
+    if (!buffer)
+      return mlir::emitError(loc) << "cannot read the file: "
+                                  << buffer.getError().message(),
+             nullptr;
+    return importOnnxBuffer(context, (*buffer)->getBuffer(), path, dir,
+                            options);
+  }
+
+  // Binary models are parsed from a file stream, so the file's bytes are not
+  // held in memory next to the parsed weights.
+  int fd = ::open(path.str().c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return mlir::emitError(loc) << "cannot open the file: "
+                                << std::strerror(errno),
+           nullptr;
+  off_t size = ::lseek(fd, 0, SEEK_END);
+  ::lseek(fd, 0, SEEK_SET);
+  if (size <= 0) {
+    ::close(fd);
+    return mlir::emitError(loc) << (size == 0 ? "the file is empty"
+                                              : "the file cannot be read"),
+           nullptr;
+  }
+  onnx::ModelProto model;
+  bool parsed;
+  {
+    google::protobuf::io::FileInputStream stream(fd);
+    parsed = model.ParseFromZeroCopyStream(&stream) && stream.GetErrno() == 0;
+  }
+  ::close(fd);
+  if (!parsed)
+    return mlir::emitError(loc)
+               << "not a valid ONNX model (protobuf parsing failed; the file "
+                  "may be truncated)",
+           nullptr;
+  return importModel(context, model, path, dir, options);
+}

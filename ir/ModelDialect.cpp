@@ -1,0 +1,431 @@
+//===- ModelDialect.cpp - model dialect ops and verifiers -----------------===//
+
+#include "ir/ModelDialect.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/Dialect/Traits.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace mlir::fastllm::model;
+
+#include "ir/ModelDialect.cpp.inc"
+#include "ir/ModelEnums.cpp.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "ir/ModelAttrs.cpp.inc"
+
+void ModelDialect::initialize() {
+  addOperations<
+#define GET_OP_LIST
+#include "ir/ModelOps.cpp.inc"
+      >();
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "ir/ModelAttrs.cpp.inc"
+      >();
+}
+
+//===----------------------------------------------------------------------===//
+// Shared verifier helpers
+//===----------------------------------------------------------------------===//
+
+static RankedTensorType tensorType(Value v) {
+  return cast<RankedTensorType>(v.getType());
+}
+
+static std::string shapeStr(ArrayRef<int64_t> shape) {
+  std::string s = "[";
+  for (auto [i, d] : llvm::enumerate(shape))
+    s += (i ? ", " : "") + std::to_string(d);
+  return s + "]";
+}
+
+/// Checks that `result` has the NumPy broadcast of the operand shapes.
+static LogicalResult verifyBroadcastResult(Operation *op, ValueRange operands,
+                                           Value result) {
+  SmallVector<int64_t> shape;
+  for (Value operand : operands) {
+    SmallVector<int64_t> next;
+    if (!OpTrait::util::getBroadcastedShape(shape, tensorType(operand).getShape(),
+                                            next))
+      return op->emitOpError("operand shapes are not broadcast-compatible: ")
+             << shapeStr(shape) << " and "
+             << shapeStr(tensorType(operand).getShape());
+    shape = std::move(next);
+  }
+  if (tensorType(result).getShape() != ArrayRef<int64_t>(shape))
+    return op->emitOpError("result shape ")
+           << shapeStr(tensorType(result).getShape())
+           << " is not the broadcast shape " << shapeStr(shape);
+  return success();
+}
+
+static LogicalResult verifySameElementType(Operation *op, ValueRange values) {
+  Type first = tensorType(values.front()).getElementType();
+  for (Value v : values.drop_front())
+    if (tensorType(v).getElementType() != first)
+      return op->emitOpError("element types differ: ")
+             << first << " and " << tensorType(v).getElementType();
+  return success();
+}
+
+static LogicalResult verifyDim(Operation *op, int64_t dim, int64_t rank,
+                               StringRef what = "dim") {
+  if (dim < 0 || dim >= rank)
+    return op->emitOpError() << what << " " << dim << " is out of range for rank "
+                             << rank;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Parameters and constants
+//===----------------------------------------------------------------------===//
+
+LogicalResult ParameterOp::verify() {
+  if (auto value = getInitialValueAttr())
+    if (value.getType() != getType())
+      return emitOpError("initial value type ")
+             << value.getType() << " does not match parameter type " << getType();
+  return success();
+}
+
+LogicalResult
+GetParameterOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  auto param = symbolTable.lookupNearestSymbolFrom<ParameterOp>(*this,
+                                                                 getNameAttr());
+  if (!param)
+    return emitOpError("'") << getName() << "' does not name a model.parameter";
+  if (param.getType() != getType())
+    return emitOpError("result type ")
+           << getType() << " does not match parameter type " << param.getType();
+  return success();
+}
+
+OpFoldResult ConstantOp::fold(FoldAdaptor) { return getValue(); }
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+template <typename BinaryOp>
+static LogicalResult verifyBinary(BinaryOp op) {
+  if (failed(verifySameElementType(op, {op.getLhs(), op.getRhs(), op.getResult()})))
+    return failure();
+  return verifyBroadcastResult(op, {op.getLhs(), op.getRhs()}, op.getResult());
+}
+
+LogicalResult AddOp::verify() { return verifyBinary(*this); }
+LogicalResult SubOp::verify() { return verifyBinary(*this); }
+LogicalResult MulOp::verify() { return verifyBinary(*this); }
+LogicalResult DivOp::verify() { return verifyBinary(*this); }
+LogicalResult PowOp::verify() { return verifyBinary(*this); }
+LogicalResult AndOp::verify() { return verifyBinary(*this); }
+LogicalResult OrOp::verify() { return verifyBinary(*this); }
+
+LogicalResult CmpOp::verify() {
+  if (failed(verifySameElementType(*this, {getLhs(), getRhs()})))
+    return failure();
+  return verifyBroadcastResult(*this, {getLhs(), getRhs()}, getResult());
+}
+
+LogicalResult SelectOp::verify() {
+  if (failed(verifySameElementType(*this, {getOnTrue(), getOnFalse(), getResult()})))
+    return failure();
+  return verifyBroadcastResult(*this, {getCondition(), getOnTrue(), getOnFalse()},
+                               getResult());
+}
+
+//===----------------------------------------------------------------------===//
+// Linear algebra and data movement
+//===----------------------------------------------------------------------===//
+
+LogicalResult MatmulOp::verify() {
+  if (failed(verifySameElementType(*this, {getLhs(), getRhs(), getResult()})))
+    return failure();
+  ArrayRef<int64_t> a = tensorType(getLhs()).getShape();
+  ArrayRef<int64_t> b = tensorType(getRhs()).getShape();
+  if (a.size() < 2 || b.size() < 2)
+    return emitOpError("operands must have rank >= 2, got ")
+           << a.size() << " and " << b.size();
+  if (a.back() != b[b.size() - 2])
+    return emitOpError("contraction dims differ: lhs ")
+           << shapeStr(a) << " has K = " << a.back() << ", rhs " << shapeStr(b)
+           << " has K = " << b[b.size() - 2];
+  SmallVector<int64_t> batch;
+  if (!OpTrait::util::getBroadcastedShape(a.drop_back(2), b.drop_back(2), batch))
+    return emitOpError("batch dims are not broadcast-compatible: ")
+           << shapeStr(a) << " and " << shapeStr(b);
+  batch.push_back(a[a.size() - 2]);
+  batch.push_back(b.back());
+  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(batch))
+    return emitOpError("result shape ")
+           << shapeStr(tensorType(getResult()).getShape()) << " should be "
+           << shapeStr(batch);
+  return success();
+}
+
+LogicalResult TransposeOp::verify() {
+  ArrayRef<int64_t> in = tensorType(getInput()).getShape();
+  ArrayRef<int64_t> perm = getPermutation();
+  if (perm.size() != in.size())
+    return emitOpError("permutation has ")
+           << perm.size() << " entries for an input of rank " << in.size();
+  SmallVector<bool> seen(in.size(), false);
+  SmallVector<int64_t> expected;
+  for (int64_t p : perm) {
+    if (p < 0 || p >= (int64_t)in.size() || seen[p])
+      return emitOpError("permutation ") << shapeStr(perm) << " is not a permutation";
+    seen[p] = true;
+    expected.push_back(in[p]);
+  }
+  if (failed(verifySameElementType(*this, {getInput(), getResult()})))
+    return failure();
+  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(expected))
+    return emitOpError("result shape ")
+           << shapeStr(tensorType(getResult()).getShape()) << " should be "
+           << shapeStr(expected);
+  return success();
+}
+
+LogicalResult ReshapeOp::verify() {
+  if (failed(verifySameElementType(*this, {getInput(), getResult()})))
+    return failure();
+  int64_t in = tensorType(getInput()).getNumElements();
+  int64_t out = tensorType(getResult()).getNumElements();
+  if (in != out)
+    return emitOpError("element count changes from ") << in << " to " << out;
+  return success();
+}
+
+LogicalResult SliceOp::verify() {
+  ArrayRef<int64_t> in = tensorType(getInput()).getShape();
+  if (getStart().size() != in.size() || getLimit().size() != in.size() ||
+      getStride().size() != in.size())
+    return emitOpError("start, limit and stride need one entry per dim (rank ")
+           << in.size() << ")";
+  SmallVector<int64_t> expected;
+  for (size_t i = 0; i < in.size(); ++i) {
+    int64_t start = getStart()[i], limit = getLimit()[i], stride = getStride()[i];
+    if (stride <= 0)
+      return emitOpError("stride ") << stride << " in dim " << i
+                                    << " must be positive";
+    if (start < 0 || limit > in[i] || start > limit)
+      return emitOpError("slice [")
+             << start << ", " << limit << ") is out of bounds for dim " << i
+             << " of size " << in[i];
+    expected.push_back((limit - start + stride - 1) / stride);
+  }
+  if (failed(verifySameElementType(*this, {getInput(), getResult()})))
+    return failure();
+  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(expected))
+    return emitOpError("result shape ")
+           << shapeStr(tensorType(getResult()).getShape()) << " should be "
+           << shapeStr(expected);
+  return success();
+}
+
+LogicalResult ConcatOp::verify() {
+  if (getInputs().empty())
+    return emitOpError("needs at least one input");
+  SmallVector<Value> all(getInputs());
+  all.push_back(getResult());
+  if (failed(verifySameElementType(*this, all)))
+    return failure();
+  ArrayRef<int64_t> first = tensorType(getInputs().front()).getShape();
+  int64_t dim = getDim();
+  if (failed(verifyDim(*this, dim, first.size())))
+    return failure();
+  SmallVector<int64_t> expected(first);
+  expected[dim] = 0;
+  for (Value input : getInputs()) {
+    ArrayRef<int64_t> shape = tensorType(input).getShape();
+    if (shape.size() != first.size())
+      return emitOpError("inputs have different ranks");
+    for (size_t i = 0; i < shape.size(); ++i)
+      if ((int64_t)i != dim && shape[i] != first[i])
+        return emitOpError("inputs ")
+               << shapeStr(first) << " and " << shapeStr(shape)
+               << " differ outside dim " << dim;
+    expected[dim] += shape[dim];
+  }
+  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(expected))
+    return emitOpError("result shape ")
+           << shapeStr(tensorType(getResult()).getShape()) << " should be "
+           << shapeStr(expected);
+  return success();
+}
+
+LogicalResult SplitOp::verify() {
+  ArrayRef<int64_t> in = tensorType(getInput()).getShape();
+  int64_t dim = getDim();
+  if (failed(verifyDim(*this, dim, in.size())))
+    return failure();
+  if (getSizes().size() != getResults().size())
+    return emitOpError("has ") << getSizes().size() << " sizes for "
+                               << getResults().size() << " results";
+  int64_t total = 0;
+  for (auto [size, result] : llvm::zip(getSizes(), getResults())) {
+    if (size < 0)
+      return emitOpError("size ") << size << " is negative";
+    SmallVector<int64_t> expected(in);
+    expected[dim] = size;
+    total += size;
+    if (tensorType(result).getShape() != ArrayRef<int64_t>(expected) ||
+        tensorType(result).getElementType() != tensorType(getInput()).getElementType())
+      return emitOpError("result type ")
+             << result.getType() << " should have shape " << shapeStr(expected);
+  }
+  if (total != in[dim])
+    return emitOpError("sizes add up to ")
+           << total << " but dim " << dim << " has size " << in[dim];
+  return success();
+}
+
+LogicalResult GatherOp::verify() {
+  ArrayRef<int64_t> in = tensorType(getInput()).getShape();
+  ArrayRef<int64_t> idx = tensorType(getIndices()).getShape();
+  int64_t dim = getDim();
+  if (failed(verifyDim(*this, dim, in.size())))
+    return failure();
+  SmallVector<int64_t> expected(in.take_front(dim));
+  expected.append(idx.begin(), idx.end());
+  expected.append(in.begin() + dim + 1, in.end());
+  if (failed(verifySameElementType(*this, {getInput(), getResult()})))
+    return failure();
+  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(expected))
+    return emitOpError("result shape ")
+           << shapeStr(tensorType(getResult()).getShape()) << " should be "
+           << shapeStr(expected);
+  return success();
+}
+
+LogicalResult BroadcastOp::verify() {
+  if (failed(verifySameElementType(*this, {getInput(), getResult()})))
+    return failure();
+  ArrayRef<int64_t> in = tensorType(getInput()).getShape();
+  ArrayRef<int64_t> out = tensorType(getResult()).getShape();
+  if (in.size() > out.size())
+    return emitOpError("cannot broadcast rank ") << in.size() << " to rank "
+                                                 << out.size();
+  for (size_t i = 0; i < in.size(); ++i) {
+    int64_t d = in[in.size() - 1 - i], o = out[out.size() - 1 - i];
+    if (d != o && d != 1)
+      return emitOpError("cannot broadcast ")
+             << shapeStr(in) << " to " << shapeStr(out);
+  }
+  return success();
+}
+
+LogicalResult CastOp::verify() {
+  if (tensorType(getInput()).getShape() != tensorType(getResult()).getShape())
+    return emitOpError("shape changes from ")
+           << shapeStr(tensorType(getInput()).getShape()) << " to "
+           << shapeStr(tensorType(getResult()).getShape());
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions and normalisation
+//===----------------------------------------------------------------------===//
+
+template <typename ReduceOp>
+static LogicalResult verifyReduce(ReduceOp op) {
+  ArrayRef<int64_t> in = tensorType(op.getInput()).getShape();
+  SmallVector<int64_t> expected;
+  int64_t prev = -1;
+  for (int64_t d : op.getDims()) {
+    if (failed(verifyDim(op, d, in.size())))
+      return failure();
+    if (d <= prev)
+      return op.emitOpError("dims must be sorted and distinct");
+    prev = d;
+  }
+  for (int64_t i = 0; i < (int64_t)in.size(); ++i) {
+    if (!llvm::is_contained(op.getDims(), i))
+      expected.push_back(in[i]);
+    else if (op.getKeepDims())
+      expected.push_back(1);
+  }
+  if (failed(verifySameElementType(op, {op.getInput(), op.getResult()})))
+    return failure();
+  if (tensorType(op.getResult()).getShape() != ArrayRef<int64_t>(expected))
+    return op.emitOpError("result shape ")
+           << shapeStr(tensorType(op.getResult()).getShape()) << " should be "
+           << shapeStr(expected);
+  return success();
+}
+
+LogicalResult ReduceSumOp::verify() { return verifyReduce(*this); }
+LogicalResult ReduceMeanOp::verify() { return verifyReduce(*this); }
+LogicalResult ReduceMaxOp::verify() { return verifyReduce(*this); }
+
+LogicalResult SoftmaxOp::verify() {
+  return verifyDim(*this, getDim(), tensorType(getInput()).getRank());
+}
+LogicalResult LogSoftmaxOp::verify() {
+  return verifyDim(*this, getDim(), tensorType(getInput()).getRank());
+}
+
+/// Scale and bias of a normalisation cover dims [dim, rank) of the input.
+static LogicalResult verifyNorm(Operation *op, Value input, ValueRange affine,
+                                int64_t dim, Value result) {
+  RankedTensorType in = tensorType(input);
+  if (failed(verifyDim(op, dim, in.getRank())))
+    return failure();
+  ArrayRef<int64_t> normalized = in.getShape().drop_front(dim);
+  for (Value v : affine)
+    if (tensorType(v).getShape() != normalized)
+      return op->emitOpError("scale/bias shape ")
+             << shapeStr(tensorType(v).getShape())
+             << " should be the normalised shape " << shapeStr(normalized);
+  SmallVector<Value> all{input, result};
+  all.append(affine.begin(), affine.end());
+  if (failed(verifySameElementType(op, all)))
+    return failure();
+  if (in.getShape() != tensorType(result).getShape())
+    return op->emitOpError("result shape differs from the input shape");
+  return success();
+}
+
+LogicalResult LayerNormOp::verify() {
+  SmallVector<Value> affine{getScale()};
+  if (getBias())
+    affine.push_back(getBias());
+  return verifyNorm(*this, getInput(), affine, getDim(), getResult());
+}
+
+LogicalResult RmsNormOp::verify() {
+  return verifyNorm(*this, getInput(), {getScale()}, getDim(), getResult());
+}
+
+//===----------------------------------------------------------------------===//
+// Losses
+//===----------------------------------------------------------------------===//
+
+template <typename LossOp>
+static LogicalResult verifyLoss(LossOp op) {
+  ArrayRef<int64_t> in = tensorType(op.getInput()).getShape();
+  ArrayRef<int64_t> targets = tensorType(op.getTargets()).getShape();
+  if (in.empty() || in.drop_back() != targets)
+    return op.emitOpError("input shape ")
+           << shapeStr(in) << " should be the targets' shape "
+           << shapeStr(targets) << " plus a class dim";
+  ArrayRef<int64_t> result = tensorType(op.getResult()).getShape();
+  bool perElement = op.getReduction() == LossReduction::none;
+  if (perElement ? result != targets : !result.empty())
+    return op.emitOpError("result shape ")
+           << shapeStr(result) << " should be "
+           << (perElement ? shapeStr(targets) : std::string("[] (a scalar)"));
+  if (failed(verifySameElementType(op, {op.getInput(), op.getResult()})))
+    return failure();
+  return success();
+}
+
+LogicalResult CrossEntropyOp::verify() { return verifyLoss(*this); }
+LogicalResult NllLossOp::verify() { return verifyLoss(*this); }
+
+#define GET_OP_CLASSES
+#include "ir/ModelOps.cpp.inc"

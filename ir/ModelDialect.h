@@ -1,0 +1,24 @@
+//===- ModelDialect.h - the model dialect -----------------------*- C++ -*-===//
+
+#ifndef FASTLLM_IR_MODELDIALECT_H
+#define FASTLLM_IR_MODELDIALECT_H
+
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Dialect.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/IR/SymbolTable.h"
+#include "mlir/Interfaces/InferTypeOpInterface.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include "ir/ModelDialect.h.inc"
+#include "ir/ModelEnums.h.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "ir/ModelAttrs.h.inc"
+
+#define GET_OP_CLASSES
+#include "ir/ModelOps.h.inc"
+
+#endif // FASTLLM_IR_MODELDIALECT_H

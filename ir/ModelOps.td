@@ -1,0 +1,452 @@
+//===- ModelOps.td - model dialect ops ----------------------*- tablegen -*-===//
+
+#ifndef FASTLLM_IR_MODELOPS_TD
+#define FASTLLM_IR_MODELOPS_TD
+
+include "ir/ModelBase.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/IR/BuiltinAttributeInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+
+def Model_Tensor : StaticShapeTensorOf<[AnyType]>;
+def Model_FloatTensor : StaticShapeTensorOf<[AnyFloat]>;
+def Model_IntTensor : StaticShapeTensorOf<[AnySignlessInteger]>;
+def Model_BoolTensor : StaticShapeTensorOf<[I1]>;
+
+//===----------------------------------------------------------------------===//
+// Parameters and constants
+//===----------------------------------------------------------------------===//
+
+def Model_ParameterOp : Model_Op<"parameter", [Symbol, HasParent<"ModuleOp">]> {
+  let summary = "declares a named float parameter (a weight) of the model";
+  let description = [{
+    A parameter is a float tensor the training program owns: it has an initial
+    value (usually the ONNX initializer's bytes, held once as a resource blob)
+    and is read in functions with `model.get_parameter`. The symbol keeps the
+    ONNX initializer's name.
+
+    ```mlir
+    model.parameter @"h.0.ln_1.weight" : tensor<64xf32> = dense<1.0> : tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       TypeAttrOf<Model_FloatTensor>:$type,
+                       OptionalAttr<ElementsAttr>:$initial_value);
+  let assemblyFormat = [{
+    $sym_name `:` $type (`=` $initial_value^)? attr-dict
+  }];
+  let extraClassDeclaration = [{
+    ::mlir::RankedTensorType getTensorType() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getType());
+    }
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_GetParameterOp : Model_Op<"get_parameter",
+    [Pure, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "reads a parameter declared by model.parameter";
+  let description = [{
+    ```mlir
+    %w = model.get_parameter @wte : tensor<256x64xf32>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$name);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+}
+
+def Model_ConstantOp : Model_Op<"constant",
+    [ConstantLike, Pure, AllTypesMatch<["value", "result"]>]> {
+  let summary = "a constant tensor";
+  let description = [{
+    Integer and boolean initializers, ONNX `Constant` nodes and everything the
+    importer folds (masks, position tables) become constants.
+
+    ```mlir
+    %c = model.constant dense<[0, 1, 2]> : tensor<3xi64>
+    ```
+  }];
+  let arguments = (ins ElementsAttr:$value);
+  let results = (outs Model_Tensor:$result);
+  let assemblyFormat = "attr-dict $value";
+  let hasFolder = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+/// Binary elementwise op with NumPy broadcasting; operand element types match.
+class Model_BinaryOp<string mnemonic, Type operandType, list<Trait> traits = []>
+    : Model_Op<mnemonic, !listconcat([Pure], traits)> {
+  let arguments = (ins operandType:$lhs, operandType:$rhs);
+  let results = (outs operandType:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+  let hasVerifier = 1;
+  let description = [{
+    Operands broadcast with NumPy rules; the result has the broadcast shape.
+
+    ```mlir
+    %r = model.}] # mnemonic # [{ %a, %b : tensor<2x3xf32>, tensor<3xf32> -> tensor<2x3xf32>
+    ```
+  }];
+}
+
+def Model_AddOp : Model_BinaryOp<"add", Model_Tensor> { let summary = "elementwise lhs + rhs"; }
+def Model_SubOp : Model_BinaryOp<"sub", Model_Tensor> { let summary = "elementwise lhs - rhs"; }
+def Model_MulOp : Model_BinaryOp<"mul", Model_Tensor> { let summary = "elementwise lhs * rhs"; }
+def Model_DivOp : Model_BinaryOp<"div", Model_Tensor> { let summary = "elementwise lhs / rhs"; }
+def Model_PowOp : Model_BinaryOp<"pow", Model_FloatTensor> { let summary = "elementwise lhs ** rhs"; }
+def Model_AndOp : Model_BinaryOp<"and", Model_BoolTensor> { let summary = "elementwise logical and"; }
+def Model_OrOp : Model_BinaryOp<"or", Model_BoolTensor> { let summary = "elementwise logical or"; }
+
+def Model_CmpOp : Model_Op<"cmp", [Pure]> {
+  let summary = "elementwise comparison with broadcasting, giving i1";
+  let description = [{
+    ```mlir
+    %m = model.cmp lt, %a, %b : tensor<4x4xi64>, tensor<4x1xi64> -> tensor<4x4xi1>
+    ```
+  }];
+  let arguments = (ins Model_CmpPredicateAttr:$predicate, Model_Tensor:$lhs,
+                       Model_Tensor:$rhs);
+  let results = (outs Model_BoolTensor:$result);
+  let assemblyFormat = [{
+    $predicate `,` $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_SelectOp : Model_Op<"select", [Pure]> {
+  let summary = "elementwise cond ? on_true : on_false, with broadcasting";
+  let description = [{
+    ```mlir
+    %r = model.select %mask, %x, %ninf : tensor<4x4xi1>, tensor<2x4x4xf32>, tensor<f32> -> tensor<2x4x4xf32>
+    ```
+  }];
+  let arguments = (ins Model_BoolTensor:$condition, Model_Tensor:$on_true,
+                       Model_Tensor:$on_false);
+  let results = (outs Model_Tensor:$result);
+  let assemblyFormat = [{
+    $condition `,` $on_true `,` $on_false attr-dict `:` type($condition) `,`
+    type($on_true) `,` type($on_false) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+/// Unary elementwise op: result type equals operand type.
+class Model_UnaryOp<string mnemonic, Type operandType, list<Trait> traits = []>
+    : Model_Op<mnemonic, !listconcat([Pure, SameOperandsAndResultType], traits)> {
+  let arguments = (ins operandType:$input);
+  let results = (outs operandType:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let description = [{
+    ```mlir
+    %r = model.}] # mnemonic # [{ %x : tensor<2x3xf32>
+    ```
+  }];
+}
+
+def Model_SqrtOp : Model_UnaryOp<"sqrt", Model_FloatTensor> { let summary = "elementwise square root"; }
+def Model_RsqrtOp : Model_UnaryOp<"rsqrt", Model_FloatTensor> { let summary = "elementwise 1 / sqrt(x)"; }
+def Model_ReciprocalOp : Model_UnaryOp<"reciprocal", Model_FloatTensor> { let summary = "elementwise 1 / x"; }
+def Model_NegOp : Model_UnaryOp<"neg", Model_Tensor> { let summary = "elementwise -x"; }
+def Model_ExpOp : Model_UnaryOp<"exp", Model_FloatTensor> { let summary = "elementwise e^x"; }
+def Model_LogOp : Model_UnaryOp<"log", Model_FloatTensor> { let summary = "elementwise natural logarithm"; }
+def Model_TanhOp : Model_UnaryOp<"tanh", Model_FloatTensor> { let summary = "elementwise tanh"; }
+def Model_ErfOp : Model_UnaryOp<"erf", Model_FloatTensor> { let summary = "elementwise error function"; }
+def Model_SigmoidOp : Model_UnaryOp<"sigmoid", Model_FloatTensor> { let summary = "elementwise 1 / (1 + e^-x)"; }
+def Model_ReluOp : Model_UnaryOp<"relu", Model_FloatTensor> { let summary = "elementwise max(x, 0)"; }
+def Model_SiluOp : Model_UnaryOp<"silu", Model_FloatTensor> { let summary = "elementwise x * sigmoid(x)"; }
+def Model_SinOp : Model_UnaryOp<"sin", Model_FloatTensor> { let summary = "elementwise sine"; }
+def Model_CosOp : Model_UnaryOp<"cos", Model_FloatTensor> { let summary = "elementwise cosine"; }
+def Model_NotOp : Model_UnaryOp<"not", Model_BoolTensor> { let summary = "elementwise logical not"; }
+
+def Model_GeluOp : Model_Op<"gelu", [Pure, SameOperandsAndResultType]> {
+  let summary = "elementwise GELU, exact (erf) or tanh-approximated";
+  let description = [{
+    `none` is x * 0.5 * (1 + erf(x / sqrt(2))); `tanh` is
+    0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))).
+
+    ```mlir
+    %r = model.gelu %x approximate tanh : tensor<2x3xf32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$input,
+      DefaultValuedAttr<Model_GeluApproximationAttr,
+                        "GeluApproximation::none">:$approximate);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = "$input `approximate` $approximate attr-dict `:` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Linear algebra and data movement
+//===----------------------------------------------------------------------===//
+
+def Model_MatmulOp : Model_Op<"matmul", [Pure]> {
+  let summary = "batched matrix product with broadcast batch dimensions";
+  let description = [{
+    Operands have rank >= 2: `[..., M, K] x [..., K, N] -> [..., M, N]`, the
+    leading (batch) dimensions broadcast with NumPy rules.
+
+    ```mlir
+    %r = model.matmul %a, %b : tensor<2x8x16xf32>, tensor<16x4xf32> -> tensor<2x8x4xf32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$lhs, Model_FloatTensor:$rhs);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_TransposeOp : Model_Op<"transpose", [Pure]> {
+  let summary = "permutes dimensions: result dim i is input dim permutation[i]";
+  let description = [{
+    ```mlir
+    %r = model.transpose %x [0, 2, 1] : tensor<2x3x4xf32> -> tensor<2x4x3xf32>
+    ```
+  }];
+  let arguments = (ins Model_Tensor:$input, DenseI64ArrayAttr:$permutation);
+  let results = (outs Model_Tensor:$result);
+  let assemblyFormat = "$input $permutation attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Model_ReshapeOp : Model_Op<"reshape", [Pure]> {
+  let summary = "reinterprets the row-major elements with another shape";
+  let description = [{
+    ```mlir
+    %r = model.reshape %x : tensor<2x3x4xf32> -> tensor<6x4xf32>
+    ```
+  }];
+  let arguments = (ins Model_Tensor:$input);
+  let results = (outs Model_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Model_SliceOp : Model_Op<"slice", [Pure]> {
+  let summary = "strided slice [start, limit) with positive strides, per dim";
+  let description = [{
+    ```mlir
+    %r = model.slice %x start [0, 2] limit [4, 8] stride [1, 2]
+        : tensor<4x8xf32> -> tensor<4x3xf32>
+    ```
+  }];
+  let arguments = (ins Model_Tensor:$input, DenseI64ArrayAttr:$start,
+                       DenseI64ArrayAttr:$limit, DenseI64ArrayAttr:$stride);
+  let results = (outs Model_Tensor:$result);
+  let assemblyFormat = [{
+    $input `start` $start `limit` $limit `stride` $stride attr-dict `:`
+    type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_ConcatOp : Model_Op<"concat", [Pure]> {
+  let summary = "concatenates tensors along one dimension";
+  let description = [{
+    ```mlir
+    %r = model.concat %a, %b dim 1 : (tensor<2x3xf32>, tensor<2x5xf32>) -> tensor<2x8xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Model_Tensor>:$inputs, I64Attr:$dim);
+  let results = (outs Model_Tensor:$result);
+  let assemblyFormat = "$inputs `dim` $dim attr-dict `:` functional-type($inputs, $result)";
+  let hasVerifier = 1;
+}
+
+def Model_SplitOp : Model_Op<"split", [Pure]> {
+  let summary = "splits a tensor along one dimension into consecutive pieces";
+  let description = [{
+    ```mlir
+    %q, %k, %v = model.split %x dim 2 sizes [64, 64, 64]
+        : tensor<2x8x192xf32> -> tensor<2x8x64xf32>, tensor<2x8x64xf32>, tensor<2x8x64xf32>
+    ```
+  }];
+  let arguments = (ins Model_Tensor:$input, I64Attr:$dim, DenseI64ArrayAttr:$sizes);
+  let results = (outs Variadic<Model_Tensor>:$results);
+  let assemblyFormat = [{
+    $input `dim` $dim `sizes` $sizes attr-dict `:` type($input) `->` type($results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_GatherOp : Model_Op<"gather", [Pure]> {
+  let summary = "takes slices of `input` along `dim` at `indices` (embedding lookup)";
+  let description = [{
+    Result shape: `input[:dim] + indices + input[dim+1:]`. Negative indices
+    count from the end, as in ONNX.
+
+    ```mlir
+    %e = model.gather %wte[%tokens] dim 0 : tensor<256x64xf32>, tensor<2x8xi64> -> tensor<2x8x64xf32>
+    ```
+  }];
+  let arguments = (ins Model_Tensor:$input, Model_IntTensor:$indices, I64Attr:$dim);
+  let results = (outs Model_Tensor:$result);
+  let assemblyFormat = [{
+    $input `[` $indices `]` `dim` $dim attr-dict `:` type($input) `,` type($indices) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_BroadcastOp : Model_Op<"broadcast", [Pure]> {
+  let summary = "broadcasts a tensor to a larger shape with NumPy rules";
+  let description = [{
+    ```mlir
+    %r = model.broadcast %x : tensor<1x4xf32> -> tensor<3x4xf32>
+    ```
+  }];
+  let arguments = (ins Model_Tensor:$input);
+  let results = (outs Model_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Model_CastOp : Model_Op<"cast", [Pure]> {
+  let summary = "converts the element type, keeping the shape";
+  let description = [{
+    Float to integer truncates toward zero; anything to i1 is `x != 0`.
+
+    ```mlir
+    %r = model.cast %x : tensor<4xi64> -> tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Model_Tensor:$input);
+  let results = (outs Model_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions and normalisation
+//===----------------------------------------------------------------------===//
+
+class Model_ReduceOp<string mnemonic> : Model_Op<mnemonic, [Pure]> {
+  let arguments = (ins Model_Tensor:$input, DenseI64ArrayAttr:$dims,
+                       UnitAttr:$keep_dims);
+  let results = (outs Model_Tensor:$result);
+  let assemblyFormat = [{
+    $input `dims` $dims (`keep_dims` $keep_dims^)? attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+  let description = [{
+    Reduces over `dims` (sorted, distinct, non-negative); with `keep_dims`
+    they stay as size-1 dimensions.
+
+    ```mlir
+    %r = model.}] # mnemonic # [{ %x dims [1] keep_dims : tensor<2x3xf32> -> tensor<2x1xf32>
+    ```
+  }];
+}
+
+def Model_ReduceSumOp : Model_ReduceOp<"reduce_sum"> { let summary = "sum over dims"; }
+def Model_ReduceMeanOp : Model_ReduceOp<"reduce_mean"> { let summary = "mean over dims"; }
+def Model_ReduceMaxOp : Model_ReduceOp<"reduce_max"> { let summary = "maximum over dims"; }
+
+class Model_SoftmaxLikeOp<string mnemonic>
+    : Model_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+  let arguments = (ins Model_FloatTensor:$input, I64Attr:$dim);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = "$input `dim` $dim attr-dict `:` type($result)";
+  let hasVerifier = 1;
+  let description = [{
+    ```mlir
+    %r = model.}] # mnemonic # [{ %x dim 1 : tensor<2x3xf32>
+    ```
+  }];
+}
+
+def Model_SoftmaxOp : Model_SoftmaxLikeOp<"softmax"> { let summary = "softmax along one dimension"; }
+def Model_LogSoftmaxOp : Model_SoftmaxLikeOp<"log_softmax"> { let summary = "log of softmax along one dimension"; }
+
+def Model_LayerNormOp : Model_Op<"layer_norm", [Pure]> {
+  let summary = "layer normalisation over the trailing dims from `dim` on";
+  let description = [{
+    `(x - mean) / sqrt(var + epsilon) * scale + bias`, statistics over dims
+    `[dim, rank)`; `scale` and the optional `bias` have the shape of those dims.
+
+    ```mlir
+    %r = model.layer_norm %x, %g, %b dim 2 eps 1.000000e-05
+        : (tensor<2x8x64xf32>, tensor<64xf32>, tensor<64xf32>) -> tensor<2x8x64xf32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$input, Model_FloatTensor:$scale,
+                       Optional<Model_FloatTensor>:$bias, I64Attr:$dim,
+                       F32Attr:$epsilon);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $scale (`,` $bias^)? `dim` $dim `eps` $epsilon attr-dict `:`
+    functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_RmsNormOp : Model_Op<"rms_norm", [Pure]> {
+  let summary = "RMS normalisation over the trailing dims from `dim` on";
+  let description = [{
+    `x / sqrt(mean(x^2) + epsilon) * scale`, the mean over dims `[dim, rank)`.
+
+    ```mlir
+    %r = model.rms_norm %x, %g dim 2 eps 1.000000e-06
+        : (tensor<2x8x64xf32>, tensor<64xf32>) -> tensor<2x8x64xf32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$input, Model_FloatTensor:$scale,
+                       I64Attr:$dim, F32Attr:$epsilon);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $scale `dim` $dim `eps` $epsilon attr-dict `:`
+    functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Losses
+//===----------------------------------------------------------------------===//
+
+class Model_LossOp<string mnemonic> : Model_Op<mnemonic, [Pure]> {
+  let arguments = (ins Model_FloatTensor:$input, Model_IntTensor:$targets,
+                       OptionalAttr<I64Attr>:$ignore_index,
+                       Model_LossReductionAttr:$reduction);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $targets (`ignore_index` $ignore_index^)? `reduction` $reduction
+    attr-dict `:` type($input) `,` type($targets) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_CrossEntropyOp : Model_LossOp<"cross_entropy"> {
+  let summary = "softmax cross-entropy of logits [..., C] against class ids [...]";
+  let description = [{
+    The class dimension is the last one. Targets equal to `ignore_index` add
+    nothing and are not counted by `mean`. The result is a scalar for `sum`
+    and `mean`, and has the targets' shape for `none`.
+
+    ```mlir
+    %l = model.cross_entropy %logits, %t ignore_index -100 reduction mean
+        : tensor<16x256xf32>, tensor<16xi64> -> tensor<f32>
+    ```
+  }];
+}
+
+def Model_NllLossOp : Model_LossOp<"nll_loss"> {
+  let summary = "negative log-likelihood of log-probabilities [..., C] at class ids [...]";
+  let description = [{
+    As `model.cross_entropy`, but the input already holds log-probabilities.
+
+    ```mlir
+    %l = model.nll_loss %logp, %t reduction mean
+        : tensor<16x256xf32>, tensor<16xi64> -> tensor<f32>
+    ```
+  }];
+}
+
+#endif // FASTLLM_IR_MODELOPS_TD

@@ -1,0 +1,82 @@
+//===- ModelSummary.cpp ---------------------------------------------------===//
+
+#include "ir/ModelSummary.h"
+#include "ir/ModelDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/Support/Format.h"
+
+using namespace mlir;
+using namespace mlir::fastllm;
+
+ModelStats mlir::fastllm::computeModelStats(ModuleOp module) {
+  ModelStats stats;
+  for (auto param : module.getOps<model::ParameterOp>()) {
+    RankedTensorType type = param.getTensorType();
+    ++stats.numParameters;
+    stats.numParameterElements += type.getNumElements();
+    stats.parameterBytes +=
+        type.getNumElements() * type.getElementTypeBitWidth() / 8;
+  }
+  return stats;
+}
+
+static void printType(Type type, llvm::raw_ostream &os) {
+  auto tensor = dyn_cast<RankedTensorType>(type);
+  if (!tensor) {
+    os << type;
+    return;
+  }
+  os << tensor.getElementType() << "[";
+  llvm::interleaveComma(tensor.getShape(), os);
+  os << "]";
+}
+
+void mlir::fastllm::printModelSummary(ModuleOp module, llvm::raw_ostream &os) {
+  ModelStats stats = computeModelStats(module);
+  os << "model summary\n";
+  os << "  parameters: " << stats.numParameterElements << " elements in "
+     << stats.numParameters << " tensors ("
+     << llvm::format("%.2f", stats.parameterBytes / 1048576.0) << " MiB)\n";
+  for (auto func : module.getOps<func::FuncOp>()) {
+    os << "  function @" << func.getSymName() << "\n";
+    for (auto [i, arg] : llvm::enumerate(func.getArguments())) {
+      auto name = func.getArgAttrOfType<StringAttr>(i, "model.name");
+      os << "    input  " << (name ? name.getValue() : "?") << ": ";
+      printType(arg.getType(), os);
+      os << "\n";
+    }
+    for (auto [i, type] : llvm::enumerate(func.getResultTypes())) {
+      auto name = func.getResultAttrOfType<StringAttr>(i, "model.name");
+      os << "    output " << (name ? name.getValue() : "?") << ": ";
+      printType(type, os);
+      os << "\n";
+    }
+    llvm::MapVector<StringRef, int64_t> histogram;
+    int64_t total = 0;
+    func.walk([&](Operation *op) {
+      if (op == func.getOperation())
+        return;
+      ++histogram[op->getName().getStringRef()];
+      ++total;
+    });
+    os << "    ops: " << total << "\n";
+    SmallVector<std::pair<StringRef, int64_t>> sorted(histogram.begin(),
+                                                      histogram.end());
+    llvm::stable_sort(sorted, [](auto &a, auto &b) { return a.second > b.second; });
+    for (auto &[name, count] : sorted)
+      os << llvm::format("      %-24s %6lld\n", name.str().c_str(),
+                         (long long)count);
+  }
+  os << "  largest parameters:\n";
+  SmallVector<model::ParameterOp> params(module.getOps<model::ParameterOp>());
+  llvm::stable_sort(params, [](model::ParameterOp a, model::ParameterOp b) {
+    return a.getTensorType().getNumElements() > b.getTensorType().getNumElements();
+  });
+  for (model::ParameterOp p : ArrayRef(params).take_front(8)) {
+    os << "    " << p.getSymName() << ": ";
+    printType(p.getType(), os);
+    os << "\n";
+  }
+}

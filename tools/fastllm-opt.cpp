@@ -1,0 +1,160 @@
+//===- fastllm-opt.cpp - the fastllm-opt driver ---------------------------===//
+//
+// One binary, three modes:
+//   fastllm-opt import MODEL.onnx [--bind-dim N=V]... [-o FILE]   ONNX -> MLIR
+//   fastllm-opt [opt flags] INPUT.mlir                            mlir-opt mode
+// The opt mode is MLIR's MlirOptMain with only our dialects and passes.
+//
+//===----------------------------------------------------------------------===//
+
+#include "frontend/OnnxImporter.h"
+#include "ir/ModelDialect.h"
+#include "ir/ModelSummary.h"
+
+#include "mlir/Bytecode/BytecodeWriter.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Support/FileUtilities.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "mlir/Transforms/Passes.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/WithColor.h"
+
+using namespace mlir;
+using namespace llvm;
+
+/// Parses `NAME=V` pairs into `bindings`; reports and fails on bad ones.
+static bool parseDimBindings(ArrayRef<std::string> specs,
+                             StringMap<int64_t> &bindings) {
+  for (StringRef spec : specs) {
+    auto [name, value] = spec.split('=');
+    int64_t v;
+    if (name.empty() || value.getAsInteger(10, v) || v <= 0) {
+      WithColor::error(errs(), "fastllm-opt import")
+          << "--bind-dim expects NAME=V with a positive integer V, got '"
+          << spec << "'\n";
+      return false;
+    }
+    bindings[name] = v;
+  }
+  return true;
+}
+
+/// Prints import diagnostics as `FILE: error: message`: an ONNX file has no
+/// line numbers worth showing, and the message names the node.
+static void handleImportDiagnostic(Diagnostic &diag) {
+  raw_ostream &os = errs();
+  Location loc = diag.getLocation();
+  if (auto file = loc->findInstanceOf<FileLineColLoc>())
+    os << file.getFilename().getValue() << ": ";
+  switch (diag.getSeverity()) {
+  case DiagnosticSeverity::Error:
+    WithColor(os, raw_ostream::RED, true) << "error: ";
+    break;
+  case DiagnosticSeverity::Warning:
+    WithColor(os, raw_ostream::MAGENTA, true) << "warning: ";
+    break;
+  default:
+    WithColor(os, raw_ostream::BLACK, true) << "note: ";
+  }
+  os << diag.str() << "\n";
+  for (Diagnostic &note : diag.getNotes())
+    os << "  note: " << note.str() << "\n";
+}
+
+static int importMain(int argc, char **argv) {
+  cl::OptionCategory category("fastllm-opt import options");
+  cl::opt<std::string> input(cl::Positional, cl::Required,
+                             cl::desc("<model.onnx | model.onnxtext>"),
+                             cl::cat(category));
+  cl::opt<std::string> output("o", cl::desc("Output file (default: stdout)"),
+                              cl::value_desc("file"), cl::init("-"),
+                              cl::cat(category));
+  cl::list<std::string> bindDims(
+      "bind-dim",
+      cl::desc("Bind the symbolic dim NAME to V (repeatable), e.g. batch=8"),
+      cl::value_desc("NAME=V"), cl::cat(category));
+  cl::opt<bool> summary("summary",
+                        cl::desc("Print a readable summary of the model "
+                                 "(parameters, inputs, outputs, ops) first"),
+                        cl::cat(category));
+  cl::opt<bool> noIR("no-ir", cl::desc("Do not print the IR"),
+                     cl::cat(category));
+  cl::opt<bool> emitBytecode("emit-bytecode",
+                             cl::desc("Write MLIR bytecode instead of text"),
+                             cl::cat(category));
+  registerAsmPrinterCLOptions();
+  registerMLIRContextCLOptions();
+  cl::HideUnrelatedOptions({&category, &getColorCategory()});
+  cl::ParseCommandLineOptions(
+      argc, argv,
+      "fastllm-opt import: ONNX model (binary, or ONNX text when the file ends "
+      "in .onnxtext) to the model dialect, every shape static\n");
+
+  fastllm::OnnxImportOptions options;
+  if (!parseDimBindings(bindDims, options.dimBindings))
+    return 1;
+
+  DialectRegistry registry;
+  fastllm::registerOnnxImportDialects(registry);
+  MLIRContext context(registry);
+  context.loadAllAvailableDialects();
+  ScopedDiagnosticHandler handler(&context, [](Diagnostic &diag) {
+    handleImportDiagnostic(diag);
+    return success();
+  });
+
+  OwningOpRef<ModuleOp> module =
+      fastllm::importOnnxFile(&context, input, options);
+  if (!module)
+    return 1;
+
+  if (summary)
+    fastllm::printModelSummary(*module, outs());
+  if (noIR)
+    return 0;
+  std::string error;
+  auto out = openOutputFile(output, &error);
+  if (!out) {
+    WithColor::error(errs(), "fastllm-opt import") << error << "\n";
+    return 1;
+  }
+  if (emitBytecode) {
+    if (failed(writeBytecodeToFile(*module, out->os())))
+      return 1;
+  } else {
+    module->print(out->os(), OpPrintingFlags());
+    out->os() << "\n";
+  }
+  out->keep();
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  InitLLVM y(argc, argv);
+  if (argc > 1 && StringRef(argv[1]) == "import") {
+    // Drop the subcommand so cl sees `fastllm-opt-import ARGS...`.
+    std::string name = std::string(argv[0]) + " import";
+    argv[1] = name.data();
+    return importMain(argc - 1, argv + 1);
+  }
+
+  DialectRegistry registry;
+  registry.insert<fastllm::model::ModelDialect, func::FuncDialect>();
+  registerCanonicalizerPass();
+  registerCSEPass();
+  registerSymbolDCEPass();
+  return asMainReturnCode(MlirOptMain(
+      argc, argv,
+      "fastllm-opt: ONNX transformer -> distributed training program\n\n"
+      "Modes:\n"
+      "  fastllm-opt import MODEL [--bind-dim NAME=V]... [-o FILE]\n"
+      "      import an ONNX model (see `fastllm-opt import --help`)\n"
+      "  fastllm-opt [options] INPUT.mlir\n"
+      "      run passes over MLIR, as mlir-opt does (options below)\n",
+      registry));
+}
