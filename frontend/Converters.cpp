@@ -152,6 +152,8 @@ static LogicalResult convertBinary(NodeImporter &n) {
   if (failed(shape))
     return failure();
   if (n.allInputsHost()) {
+    if (failed(n.checkFoldSize(*shape)))
+      return failure();
     const HostTensor *a = n.hostInput(0), *b = n.hostInput(1);
     if (std::is_same_v<Fn, DivFn> && !a->isFloat())
       for (int64_t v : b->ints)
@@ -201,6 +203,8 @@ static LogicalResult convertCompare(NodeImporter &n) {
     return failure();
   Type i1 = n.getBuilder().getI1Type();
   if (n.allInputsHost()) {
+    if (failed(n.checkFoldSize(*shape)))
+      return failure();
     const HostTensor *a = n.hostInput(0), *b = n.hostInput(1);
     n.setOutput(0, hostElementwise(
                        {a, b}, *shape, i1,
@@ -290,6 +294,8 @@ static LogicalResult convertWhere(NodeImporter &n) {
   if (!shape)
     return n.error() << "input shapes do not broadcast";
   if (n.allInputsHost()) {
+    if (failed(n.checkFoldSize(*shape)))
+      return failure();
     const HostTensor *c = n.hostInput(0), *a = n.hostInput(1),
                      *b = n.hostInput(2);
     n.setOutput(0, hostElementwise({c, a, b}, *shape, elementType,
@@ -441,6 +447,8 @@ static LogicalResult convertConstantOfShape(NodeImporter &n) {
   for (int64_t d : *shape)
     if (d < 0)
       return n.error() << "negative dim in shape " << str(*shape);
+  if (failed(n.checkFoldSize(*shape)))
+    return failure();
   HostTensor fill = HostTensor::filled(n.getBuilder().getF32Type(), {}, 0);
   if (const onnx::AttributeProto *a = n.attribute("value")) {
     auto t = decodeTensorProto(a->t(), n.getContext(),
@@ -476,7 +484,11 @@ static LogicalResult convertRange(NodeImporter &n) {
   if (d == 0)
     return n.error() << "delta is zero";
   double count = std::ceil(((*limit)->getDouble(0) - s.getDouble(0)) / d);
+  if (!(count < (double)kMaxFoldElements))
+    count = (double)kMaxFoldElements + 1;
   int64_t size = std::max<int64_t>(0, (int64_t)count);
+  if (failed(n.checkFoldSize({size})))
+    return failure();
   HostTensor out = HostTensor::filled(s.elementType, {size}, 0);
   for (int64_t k = 0; k < size; ++k) {
     if (s.isFloat())
@@ -616,6 +628,8 @@ static LogicalResult convertExpand(NodeImporter &n) {
     return n.error() << "cannot expand " << str(n.inputShape(0)) << " to "
                      << str(*target);
   if (const HostTensor *h = n.hostInput(0)) {
+    if (failed(n.checkFoldSize(*shape)))
+      return failure();
     n.setOutput(0, hostElementwise({h}, *shape, h->elementType,
                                    [&](HostTensor &out, int64_t k,
                                        ArrayRef<int64_t> src) {
@@ -728,6 +742,8 @@ static LogicalResult convertConcat(NodeImporter &n) {
   SmallVector<int64_t> shape(first);
   shape[*axis] = 0;
   for (unsigned i = 0; i < n.numInputs(); ++i) {
+    if (!n.hasInput(i))
+      return n.error() << "input " << i << " is missing";
     ArrayRef<int64_t> s = n.inputShape(i);
     if (n.inputType(i).getElementType() != elementType)
       return n.error() << "input element types differ";
@@ -740,6 +756,8 @@ static LogicalResult convertConcat(NodeImporter &n) {
     shape[*axis] += s[*axis];
   }
   if (n.allInputsHost()) {
+    if (failed(n.checkFoldSize(shape)))
+      return failure();
     HostTensor out = HostTensor::filled(elementType, shape, 0);
     int64_t outer = product(ArrayRef<int64_t>(shape).take_front(*axis));
     int64_t inner = product(ArrayRef<int64_t>(shape).drop_front(*axis + 1));
@@ -955,6 +973,8 @@ static LogicalResult convertGather(NodeImporter &n) {
     }
   }
   if (const HostTensor *data = n.hostInput(0); data && indices) {
+    if (failed(n.checkFoldSize(shape)))
+      return failure();
     HostTensor out = HostTensor::filled(elementType, shape, 0);
     int64_t inner = product(in.drop_front(*axis + 1));
     int64_t count = indices->numElements();
@@ -1207,72 +1227,72 @@ static LogicalResult convertLoss(NodeImporter &n) {
 //===----------------------------------------------------------------------===//
 
 static const OnnxConverterEntry kConverters[] = {
-    {"Add", 13, convertBinary<AddFn>},
-    {"Sub", 13, convertBinary<SubFn>},
-    {"Mul", 13, convertBinary<MulFn>},
-    {"Div", 13, convertBinary<DivFn>},
-    {"Pow", 13, convertBinary<PowFn>},
-    {"And", 7, convertBinary<AndFn>},
-    {"Or", 7, convertBinary<OrFn>},
-    {"Equal", 13, convertCompare<m::CmpPredicate::eq>},
-    {"Less", 13, convertCompare<m::CmpPredicate::lt>},
-    {"LessOrEqual", 12, convertCompare<m::CmpPredicate::le>},
-    {"Greater", 13, convertCompare<m::CmpPredicate::gt>},
-    {"GreaterOrEqual", 12, convertCompare<m::CmpPredicate::ge>},
-    {"Not", 1, convertNot},
-    {"Where", 9, convertWhere},
-    {"Sqrt", 13, convertUnaryFloat<SqrtFn>},
-    {"Reciprocal", 13, convertUnaryFloat<ReciprocalFn>},
-    {"Exp", 13, convertUnaryFloat<ExpFn>},
-    {"Log", 13, convertUnaryFloat<LogFn>},
-    {"Tanh", 13, convertUnaryFloat<TanhFn>},
-    {"Erf", 13, convertUnaryFloat<ErfFn>},
-    {"Sigmoid", 13, convertUnaryFloat<SigmoidFn>},
-    {"Relu", 13, convertUnaryFloat<ReluFn>},
-    {"Sin", 7, convertUnaryFloat<SinFn>},
-    {"Cos", 7, convertUnaryFloat<CosFn>},
-    {"Neg", 13, convertNeg},
-    {"Cast", 13, convertCast},
-    {"Identity", 13, convertIdentity},
-    {"Dropout", 13, convertDropout},
-    {"Constant", 13, convertConstant},
-    {"ConstantOfShape", 9, convertConstantOfShape},
-    {"Shape", 13, convertShape},
-    {"Size", 13, convertSize},
-    {"Range", 11, convertRange},
-    {"Reshape", 13, convertReshape},
-    {"Flatten", 13, convertFlatten},
-    {"Squeeze", 13, convertSqueeze},
-    {"Unsqueeze", 13, convertUnsqueeze},
-    {"Expand", 13, convertExpand},
-    {"Trilu", 14, convertTrilu},
-    {"Transpose", 13, convertTranspose},
-    {"Concat", 13, convertConcat},
-    {"Slice", 13, convertSlice},
-    {"Split", 13, convertSplit},
-    {"Gather", 13, convertGather},
-    {"MatMul", 13, convertMatMul},
-    {"Gemm", 13, convertGemm},
-    {"ReduceSum", 13, convertReduce<m::ReduceSumOp, true>},
-    {"ReduceMean", 13, convertReduce<m::ReduceMeanOp, false>},
-    {"ReduceMax", 13, convertReduce<m::ReduceMaxOp, false>},
-    {"Softmax", 13, convertSoftmax<m::SoftmaxOp>},
-    {"LogSoftmax", 13, convertSoftmax<m::LogSoftmaxOp>},
-    {"LayerNormalization", 17, convertLayerNorm},
-    {"SoftmaxCrossEntropyLoss", 13, convertLoss<m::CrossEntropyOp>},
-    {"NegativeLogLikelihoodLoss", 13, convertLoss<m::NllLossOp>},
+    {"Add", 13, 2, convertBinary<AddFn>},
+    {"Sub", 13, 2, convertBinary<SubFn>},
+    {"Mul", 13, 2, convertBinary<MulFn>},
+    {"Div", 13, 2, convertBinary<DivFn>},
+    {"Pow", 13, 2, convertBinary<PowFn>},
+    {"And", 7, 2, convertBinary<AndFn>},
+    {"Or", 7, 2, convertBinary<OrFn>},
+    {"Equal", 13, 2, convertCompare<m::CmpPredicate::eq>},
+    {"Less", 13, 2, convertCompare<m::CmpPredicate::lt>},
+    {"LessOrEqual", 12, 2, convertCompare<m::CmpPredicate::le>},
+    {"Greater", 13, 2, convertCompare<m::CmpPredicate::gt>},
+    {"GreaterOrEqual", 12, 2, convertCompare<m::CmpPredicate::ge>},
+    {"Not", 1, 1, convertNot},
+    {"Where", 9, 3, convertWhere},
+    {"Sqrt", 13, 1, convertUnaryFloat<SqrtFn>},
+    {"Reciprocal", 13, 1, convertUnaryFloat<ReciprocalFn>},
+    {"Exp", 13, 1, convertUnaryFloat<ExpFn>},
+    {"Log", 13, 1, convertUnaryFloat<LogFn>},
+    {"Tanh", 13, 1, convertUnaryFloat<TanhFn>},
+    {"Erf", 13, 1, convertUnaryFloat<ErfFn>},
+    {"Sigmoid", 13, 1, convertUnaryFloat<SigmoidFn>},
+    {"Relu", 13, 1, convertUnaryFloat<ReluFn>},
+    {"Sin", 7, 1, convertUnaryFloat<SinFn>},
+    {"Cos", 7, 1, convertUnaryFloat<CosFn>},
+    {"Neg", 13, 1, convertNeg},
+    {"Cast", 13, 1, convertCast},
+    {"Identity", 13, 1, convertIdentity},
+    {"Dropout", 13, 1, convertDropout},
+    {"Constant", 13, 0, convertConstant},
+    {"ConstantOfShape", 9, 1, convertConstantOfShape},
+    {"Shape", 13, 1, convertShape},
+    {"Size", 13, 1, convertSize},
+    {"Range", 11, 3, convertRange},
+    {"Reshape", 13, 2, convertReshape},
+    {"Flatten", 13, 1, convertFlatten},
+    {"Squeeze", 13, 1, convertSqueeze},
+    {"Unsqueeze", 13, 2, convertUnsqueeze},
+    {"Expand", 13, 2, convertExpand},
+    {"Trilu", 14, 1, convertTrilu},
+    {"Transpose", 13, 1, convertTranspose},
+    {"Concat", 13, 1, convertConcat},
+    {"Slice", 13, 3, convertSlice},
+    {"Split", 13, 1, convertSplit},
+    {"Gather", 13, 2, convertGather},
+    {"MatMul", 13, 2, convertMatMul},
+    {"Gemm", 13, 2, convertGemm},
+    {"ReduceSum", 13, 1, convertReduce<m::ReduceSumOp, true>},
+    {"ReduceMean", 13, 1, convertReduce<m::ReduceMeanOp, false>},
+    {"ReduceMax", 13, 1, convertReduce<m::ReduceMaxOp, false>},
+    {"Softmax", 13, 1, convertSoftmax<m::SoftmaxOp>},
+    {"LogSoftmax", 13, 1, convertSoftmax<m::LogSoftmaxOp>},
+    {"LayerNormalization", 17, 2, convertLayerNorm},
+    {"SoftmaxCrossEntropyLoss", 13, 2, convertLoss<m::CrossEntropyOp>},
+    {"NegativeLogLikelihoodLoss", 13, 2, convertLoss<m::NllLossOp>},
 };
 
 ArrayRef<OnnxConverterEntry> mlir::fastllm::getOnnxConverters() {
   return kConverters;
 }
 
-OnnxConverter mlir::fastllm::lookupOnnxConverter(StringRef opType,
-                                                 int64_t opset) {
+const OnnxConverterEntry *
+mlir::fastllm::lookupOnnxConverter(StringRef opType, int64_t opset) {
   const OnnxConverterEntry *best = nullptr;
   for (const OnnxConverterEntry &e : kConverters)
     if (opType == e.opType && e.sinceVersion <= opset &&
         (!best || e.sinceVersion > best->sinceVersion))
       best = &e;
-  return best ? best->convert : nullptr;
+  return best;
 }

@@ -87,6 +87,8 @@ public:
 
   /// Normalises a possibly negative axis against `rank`, with a diagnostic.
   FailureOr<int64_t> normalizeAxis(int64_t axis, int64_t rank);
+  /// Fails unless a host tensor of `shape` is small enough to fold.
+  LogicalResult checkFoldSize(ArrayRef<int64_t> shape);
 
   template <typename OpTy, typename... Args>
   Value create(Type resultType, Args &&...args) {
@@ -108,6 +110,8 @@ struct OnnxConverterEntry {
   const char *opType;
   /// First default-domain opset this form of the op applies to.
   int64_t sinceVersion;
+  /// Inputs that must be present (checked before the converter runs).
+  unsigned minInputs;
   OnnxConverter convert;
 };
 
@@ -116,7 +120,11 @@ ArrayRef<OnnxConverterEntry> getOnnxConverters();
 
 /// The converter for `opType` at `opset`: the entry with the largest
 /// sinceVersion not above `opset`, or null.
-OnnxConverter lookupOnnxConverter(StringRef opType, int64_t opset);
+const OnnxConverterEntry *lookupOnnxConverter(StringRef opType, int64_t opset);
+
+/// The most elements the importer folds into one host tensor; larger constant
+/// subgraphs are an error rather than an unbounded allocation.
+constexpr int64_t kMaxFoldElements = int64_t(1) << 26;
 
 /// Decodes a TensorProto held inside the model (Constant nodes and their
 /// kin) into a host tensor; external data is not accepted here.

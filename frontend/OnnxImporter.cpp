@@ -312,8 +312,6 @@ tensorProtoBytes(const onnx::TensorProto &tensor, RankedTensorType type,
              failure();
     return std::make_unique<std::string>(tensor.raw_data());
   }
-  auto bytes = std::make_unique<std::string>(expected, '\0');
-  char *out = bytes->data();
   int64_t have;
   if (elementType.isF32())
     have = tensor.float_data_size();
@@ -327,6 +325,8 @@ tensorProtoBytes(const onnx::TensorProto &tensor, RankedTensorType type,
     return error() << "has " << have << " values but its dims "
                    << shapeString(type.getShape()) << " need " << count,
            failure();
+  auto bytes = std::make_unique<std::string>(expected, '\0');
+  char *out = bytes->data();
   if (elementType.isF32())
     std::memcpy(out, tensor.float_data().data(), expected);
   else if (elementType.isF64())
@@ -578,13 +578,17 @@ LogicalResult GraphImporter::importNode(const onnx::NodeProto &node,
     return mlir::emitError(loc)
            << "node '" << nodeName << "': op '" << node.op_type()
            << "' of domain '" << node.domain() << "' is not supported";
-  OnnxConverter convert = lookupOnnxConverter(node.op_type(), opset);
-  if (!convert)
+  const OnnxConverterEntry *entry = lookupOnnxConverter(node.op_type(), opset);
+  if (!entry)
     return mlir::emitError(loc)
            << "node '" << nodeName << "': unsupported op '" << node.op_type()
            << "' (opset " << opset << ")";
   NodeImporter importer(*this, node, loc, builder, opset);
-  if (failed(convert(importer)))
+  for (unsigned i = 0; i < entry->minInputs; ++i)
+    if (!importer.hasInput(i))
+      return importer.error() << "needs at least " << entry->minInputs
+                              << " inputs; input " << i << " is missing";
+  if (failed(entry->convert(importer)))
     return failure();
   for (const std::string &out : node.output()) {
     if (out.empty())
@@ -803,8 +807,22 @@ void NodeImporter::forwardInput(unsigned out, unsigned in) {
   graph.define(node.output(out), std::move(copy));
 }
 
+LogicalResult NodeImporter::checkFoldSize(ArrayRef<int64_t> shape) {
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    if (d != 0 && count > kMaxFoldElements / d)
+      count = kMaxFoldElements + 1;
+    else
+      count *= d;
+  }
+  if (count <= kMaxFoldElements)
+    return success();
+  return error() << "folding this node would create a constant of more than "
+                 << kMaxFoldElements << " elements";
+}
+
 FailureOr<int64_t> NodeImporter::normalizeAxis(int64_t axis, int64_t rank) {
-  if (axis < -rank || axis >= std::max<int64_t>(rank, 1))
+  if (rank == 0 || axis < -rank || axis >= rank)
     return error() << "axis " << axis << " is out of range for rank " << rank,
            failure();
   return axis < 0 ? axis + rank : axis;

@@ -22,3 +22,6 @@ llvm_config.with_environment("PATH", config.fastllm_tools_dir, append_path=True)
 
 tools = [ToolSubst("fastllm-opt", unresolved="fatal")]
 llvm_config.add_tool_substitutions(tools, [config.fastllm_tools_dir])
+config.substitutions.append(
+    ("%expect_exit",
+     f"{config.python3} {os.path.join(config.fastllm_src_root, 'test', 'expect_exit.py')}"))

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Runs every test of fastllm-opt: lit (IR, frontend, errors), the real-export
+# import tests, ONNX's own operator tests, and a bounded fuzzing run of the
+# importer. Installs and builds what is missing first. The last line is
+# `N passed, N failed, N skipped`; the exit status is non-zero on any failure.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$root/build}
+py=/usr/bin/python3 # Debian's python3 with python3-torch and python3-onnx
+fuzz_seconds=${FUZZ_SECONDS:-30}
+
+"$root/scripts/build.sh" || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
+
+passed=0 failed=0 skipped=0
+add() { passed=$((passed + $1)); failed=$((failed + $2)); skipped=$((skipped + ${3:-0})); }
+logdir="$build/test-logs"
+mkdir -p "$logdir"
+
+echo "== lit"
+"$py" /usr/lib/llvm-19/build/utils/lit/lit.py -s "$build/test" \
+  2>&1 | tee "$logdir/lit.log"
+count() { grep -E "^ *$1 *: " "$logdir/lit.log" | sed -E 's/.*: *([0-9]+).*/\1/' | head -1; }
+lp=$(count Passed) lf=$(count Failed) lu=$(count Unsupported)
+lx=$(count "Unexpectedly Passed") lt=$(count "Timed Out")
+add "${lp:-0}" "$(( ${lf:-0} + ${lx:-0} + ${lt:-0} ))" "${lu:-0}"
+[[ -n "$lp$lf" ]] || add 0 1 # lit itself failed to run
+
+echo "== real PyTorch exports"
+"$py" "$root/test/export_import_test.py" --tool "$build/bin/fastllm-opt" \
+  2>&1 | tee "$logdir/exports.log"
+line=$(grep -E "^export import tests: " "$logdir/exports.log" | tail -1)
+if [[ -n "$line" ]]; then
+  add "$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")" \
+      "$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")"
+else
+  add 0 1
+fi
+
+echo "== ONNX operator tests (libonnx-testdata)"
+"$py" "$root/test/onnx_node_tests.py" --tool "$build/bin/fastllm-opt" \
+  >"$logdir/onnx-node.log" 2>&1
+tail -n 25 "$logdir/onnx-node.log"
+line=$(grep -E "^onnx node tests: " "$logdir/onnx-node.log" | tail -1)
+if [[ -n "$line" ]]; then
+  add "$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")" \
+      "$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")" \
+      "$(sed -E 's/.* ([0-9]+) skipped.*/\1/' <<<"$line")"
+else
+  add 0 1
+fi
+
+echo "== fuzzing the importer (${fuzz_seconds}s)"
+if [[ -x "$build/bin/fastllm-import-fuzzer" ]]; then
+  corpus=$(mktemp -d)
+  cp "$root"/test/Frontend/*.onnxtext "$corpus"/ 2>/dev/null
+  for t in add matmul_2d gather_0 softmax_axis_1 layer_normalization_2d_axis0 slice; do
+    f=/usr/share/libonnx-testdata/data/node/test_$t/model.onnx
+    [[ -f $f ]] && cp "$f" "$corpus/$t.onnx"
+  done
+  if "$build/bin/fastllm-import-fuzzer" -max_total_time="$fuzz_seconds" \
+      -rss_limit_mb=4096 -timeout=20 -seed=1 -print_final_stats=1 "$corpus" \
+      >"$logdir/fuzz.log" 2>&1; then
+    grep -E "stat::number_of_executed_units" "$logdir/fuzz.log"
+    echo "PASS fuzz"; add 1 0
+  else
+    tail -n 30 "$logdir/fuzz.log"; echo "FAIL fuzz (log: $logdir/fuzz.log)"; add 0 1
+  fi
+  rm -rf "$corpus"
+else
+  echo "SKIP fuzz: no fastllm-import-fuzzer (needs clang's libFuzzer)"; add 0 0 1
+fi
+
+echo
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+[[ $failed -eq 0 ]]
