@@ -143,8 +143,6 @@ static LogicalResult convertBinary(NodeImporter &n) {
   if (lhsType != rhsType && !isPow)
     return n.error() << "input element types differ: " << lhsType << " and "
                      << rhsType;
-  if (isPow && failed(n.requireFloat(0)))
-    return failure();
   bool isLogical = std::is_same_v<Fn, AndFn> || std::is_same_v<Fn, OrFn>;
   if (isLogical && !lhsType.isInteger(1))
     return n.error() << "inputs must be bool tensors, got " << lhsType;
@@ -845,19 +843,23 @@ static LogicalResult convertSlice(NodeImporter &n) {
     int64_t dim = in[*axis], s = (*starts)[i], e = (*ends)[i], st = steps[i];
     if (st == 0)
       return n.error() << "step is zero";
-    // ONNX clamping: INT64_MAX / INT64_MIN mean "to the end".
+    // ONNX: negative indices count from the end, then starts clamp to
+    // [0, dim] ([0, dim-1] when stepping back) and ends to [0, dim]
+    // ([-1, dim-1] when stepping back); INT64_MAX/MIN mean "to the end".
     if (s < 0)
-      s = s < -dim ? -1 : s + dim;
+      s += dim;
     if (e < 0)
-      e = e < -dim ? -1 : e + dim;
+      e += dim;
     if (st > 0) {
       s = std::clamp<int64_t>(s, 0, dim);
       e = std::clamp<int64_t>(e, 0, dim);
     } else {
-      s = std::clamp<int64_t>(s, -1, dim - 1);
+      s = std::clamp<int64_t>(s, 0, std::max<int64_t>(dim - 1, 0));
       e = std::clamp<int64_t>(e, -1, dim - 1);
     }
     int64_t len = st > 0 ? (e - s + st - 1) / st : (s - e + (-st) - 1) / (-st);
+    if (dim == 0)
+      len = 0;
     start[*axis] = s;
     step[*axis] = st;
     shape[*axis] = std::max<int64_t>(len, 0);

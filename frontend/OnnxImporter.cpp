@@ -18,6 +18,7 @@
 #include "mlir/IR/DialectResourceBlobManager.h"
 #include "mlir/IR/Verifier.h"
 #include "llvm/ADT/APFloat.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -419,7 +420,15 @@ LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
       AsmResourceBlob blob(
           data, width, [owned](void *, size_t, size_t) { delete owned; },
           /*dataIsMutable=*/false);
-      auto attr = DenseResourceElementsAttr::get(*type, tname, std::move(blob));
+      // Resource keys must be bare identifiers; the symbol keeps the real
+      // name and the blob manager makes the key unique.
+      std::string key = tname;
+      for (char &c : key)
+        if (!llvm::isAlnum(c) && c != '_' && c != '.' && c != '-' && c != '$')
+          c = '_';
+      if (key.empty() || llvm::isDigit(key[0]))
+        key = "w_" + key;
+      auto attr = DenseResourceElementsAttr::get(*type, key, std::move(blob));
       OpBuilder::InsertionGuard guard(builder);
       builder.setInsertionPointToEnd(module.getBody());
       builder.create<model::ParameterOp>(

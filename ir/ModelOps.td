@@ -100,7 +100,7 @@ def Model_AddOp : Model_BinaryOp<"add", Model_Tensor> { let summary = "elementwi
 def Model_SubOp : Model_BinaryOp<"sub", Model_Tensor> { let summary = "elementwise lhs - rhs"; }
 def Model_MulOp : Model_BinaryOp<"mul", Model_Tensor> { let summary = "elementwise lhs * rhs"; }
 def Model_DivOp : Model_BinaryOp<"div", Model_Tensor> { let summary = "elementwise lhs / rhs"; }
-def Model_PowOp : Model_BinaryOp<"pow", Model_FloatTensor> { let summary = "elementwise lhs ** rhs"; }
+def Model_PowOp : Model_BinaryOp<"pow", Model_Tensor> { let summary = "elementwise lhs ** rhs"; }
 def Model_AndOp : Model_BinaryOp<"and", Model_BoolTensor> { let summary = "elementwise logical and"; }
 def Model_OrOp : Model_BinaryOp<"or", Model_BoolTensor> { let summary = "elementwise logical or"; }
 
