@@ -25,6 +25,17 @@ lx=$(count "Unexpectedly Passed") lt=$(count "Timed Out")
 add "${lp:-0}" "$(( ${lf:-0} + ${lx:-0} + ${lt:-0} ))" "${lu:-0}"
 [[ -n "$lp$lf" ]] || add 0 1 # lit itself failed to run
 
+echo "== unit tests (ctest)"
+(cd "$build" && ctest --output-on-failure) 2>&1 | tee "$logdir/ctest.log"
+line=$(grep -E "tests passed, [0-9]+ tests failed out of" "$logdir/ctest.log" | tail -1)
+if [[ -n "$line" ]]; then
+  total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$line")
+  bad=$(sed -E 's/.* ([0-9]+) tests failed.*/\1/' <<<"$line")
+  add "$((total - bad))" "$bad"
+else
+  add 0 1
+fi
+
 echo "== real PyTorch exports"
 "$py" "$root/test/export_import_test.py" --tool "$build/bin/fastllm-opt" \
   2>&1 | tee "$logdir/exports.log"
