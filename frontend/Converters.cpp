@@ -157,7 +157,7 @@ static LogicalResult convertBinary(NodeImporter &n) {
       for (int64_t v : b->ints)
         if (v == 0)
           return n.error() << "integer division by zero";
-    bool isFloat = a->isFloat();
+    bool isFloat = a->isFloat() || b->isFloat(); // Pow may mix the two
     n.setOutput(0, hostElementwise({a, b}, *shape, lhsType,
                                    [&](HostTensor &out, int64_t k,
                                        ArrayRef<int64_t> src) {
@@ -171,7 +171,15 @@ static LogicalResult convertBinary(NodeImporter &n) {
     return success();
   }
   Value lhs = n.operand(0), rhs = n.operand(1);
-  if (lhsType != rhsType) // Pow with an integer exponent.
+  if (lhsType != rhsType && isa<FloatType>(rhsType)) {
+    // Pow of an integer base by a float exponent: computed in float, then
+    // truncated to the base's type, as ONNX (and NumPy) do.
+    lhs = n.create<m::CastOp>(tensorOf(n.inputShape(0), rhsType), lhs);
+    Value pow = n.create<typename Fn::Op>(tensorOf(*shape, rhsType), lhs, rhs);
+    n.setOutput(0, n.create<m::CastOp>(tensorOf(*shape, lhsType), pow));
+    return success();
+  }
+  if (lhsType != rhsType) // Pow with an integer exponent of another type.
     rhs = n.create<m::CastOp>(tensorOf(n.inputShape(1), lhsType), rhs);
   n.setOutput(0, n.create<typename Fn::Op>(tensorOf(*shape, lhsType), lhs, rhs));
   return success();

@@ -672,8 +672,12 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
   auto order = topologicalOrder(graph);
   if (failed(order))
     return nullptr;
-  for (auto [i, node] : llvm::enumerate(*order))
-    if (failed(importNode(*node, i)))
+  // Unnamed nodes are called after their position in the file.
+  llvm::DenseMap<const onnx::NodeProto *, size_t> position;
+  for (auto [i, node] : llvm::enumerate(graph.node()))
+    position[&node] = i;
+  for (const onnx::NodeProto *node : *order)
+    if (failed(importNode(*node, position.lookup(node))))
       return nullptr;
 
   SmallVector<Value> results;
