@@ -36,9 +36,11 @@ class GraphImporter;
 
 class NodeImporter {
 public:
-  NodeImporter(GraphImporter &graph, const onnx::NodeProto &node, Location loc,
-               OpBuilder &builder, int64_t opset)
-      : graph(graph), node(node), loc(loc), builder(builder), opset(opset) {}
+  NodeImporter(GraphImporter &graph, const onnx::NodeProto &node,
+               std::string displayName, Location loc, OpBuilder &builder,
+               int64_t opset)
+      : graph(graph), node(node), displayName(std::move(displayName)), loc(loc),
+        builder(builder), opset(opset) {}
 
   const onnx::NodeProto &getNode() const { return node; }
   Location getLoc() const { return loc; }
@@ -99,6 +101,8 @@ public:
 private:
   GraphImporter &graph;
   const onnx::NodeProto &node;
+  /// The node's name, or `OpType#index` for unnamed nodes.
+  std::string displayName;
   Location loc;
   OpBuilder &builder;
   int64_t opset;

@@ -592,7 +592,7 @@ LogicalResult GraphImporter::importNode(const onnx::NodeProto &node,
     return mlir::emitError(loc)
            << "node '" << nodeName << "': unsupported op '" << node.op_type()
            << "' (opset " << opset << ")";
-  NodeImporter importer(*this, node, loc, builder, opset);
+  NodeImporter importer(*this, node, nodeName, loc, builder, opset);
   for (unsigned i = 0; i < entry->minInputs; ++i)
     if (!importer.hasInput(i))
       return importer.error() << "needs at least " << entry->minInputs
@@ -715,9 +715,8 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
 //===----------------------------------------------------------------------===//
 
 InFlightDiagnostic NodeImporter::error() {
-  std::string nodeName = node.name().empty() ? node.op_type() : node.name();
   return mlir::emitError(loc)
-         << "node '" << nodeName << "' (" << node.op_type() << "): ";
+         << "node '" << displayName << "' (" << node.op_type() << "): ";
 }
 
 RankedTensorType NodeImporter::inputType(unsigned i) {
