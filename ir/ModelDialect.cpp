@@ -13,6 +13,7 @@ using namespace mlir::fastllm::model;
 
 #include "ir/ModelDialect.cpp.inc"
 #include "ir/ModelEnums.cpp.inc"
+#include "ir/GradientInterface.cpp.inc"
 
 #define GET_ATTRDEF_CLASSES
 #include "ir/ModelAttrs.cpp.inc"
@@ -200,30 +201,51 @@ LogicalResult ReshapeOp::verify() {
   return success();
 }
 
-LogicalResult SliceOp::verify() {
-  ArrayRef<int64_t> in = tensorType(getInput()).getShape();
-  if (getStart().size() != in.size() || getLimit().size() != in.size() ||
-      getStride().size() != in.size())
-    return emitOpError("start, limit and stride need one entry per dim (rank ")
+/// The shape of `input[start:limit:stride]`, checking the bounds.
+static FailureOr<SmallVector<int64_t>>
+sliceShape(Operation *op, ArrayRef<int64_t> in, ArrayRef<int64_t> start,
+           ArrayRef<int64_t> limit, ArrayRef<int64_t> stride) {
+  if (start.size() != in.size() || limit.size() != in.size() ||
+      stride.size() != in.size())
+    return op->emitOpError("start, limit and stride need one entry per dim (rank ")
            << in.size() << ")";
-  SmallVector<int64_t> expected;
+  SmallVector<int64_t> shape;
   for (size_t i = 0; i < in.size(); ++i) {
-    int64_t start = getStart()[i], limit = getLimit()[i], stride = getStride()[i];
-    if (stride <= 0)
-      return emitOpError("stride ") << stride << " in dim " << i
-                                    << " must be positive";
-    if (start < 0 || limit > in[i] || start > limit)
-      return emitOpError("slice [")
-             << start << ", " << limit << ") is out of bounds for dim " << i
-             << " of size " << in[i];
-    expected.push_back((limit - start + stride - 1) / stride);
+    if (stride[i] <= 0)
+      return op->emitOpError("stride ")
+             << stride[i] << " in dim " << i << " must be positive";
+    if (start[i] < 0 || limit[i] > in[i] || start[i] > limit[i])
+      return op->emitOpError("slice [")
+             << start[i] << ", " << limit[i] << ") is out of bounds for dim "
+             << i << " of size " << in[i];
+    shape.push_back((limit[i] - start[i] + stride[i] - 1) / stride[i]);
   }
-  if (failed(verifySameElementType(*this, {getInput(), getResult()})))
+  return shape;
+}
+
+LogicalResult SliceOp::verify() {
+  auto expected = sliceShape(*this, tensorType(getInput()).getShape(),
+                             getStart(), getLimit(), getStride());
+  if (failed(expected) ||
+      failed(verifySameElementType(*this, {getInput(), getResult()})))
     return failure();
-  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(expected))
+  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(*expected))
     return emitOpError("result shape ")
            << shapeStr(tensorType(getResult()).getShape()) << " should be "
-           << shapeStr(expected);
+           << shapeStr(*expected);
+  return success();
+}
+
+LogicalResult SliceGradOp::verify() {
+  auto expected = sliceShape(*this, tensorType(getResult()).getShape(),
+                             getStart(), getLimit(), getStride());
+  if (failed(expected) ||
+      failed(verifySameElementType(*this, {getGrad(), getResult()})))
+    return failure();
+  if (tensorType(getGrad()).getShape() != ArrayRef<int64_t>(*expected))
+    return emitOpError("grad shape ")
+           << shapeStr(tensorType(getGrad()).getShape())
+           << " should be the slice's shape " << shapeStr(*expected);
   return success();
 }
 
@@ -284,22 +306,34 @@ LogicalResult SplitOp::verify() {
   return success();
 }
 
-LogicalResult GatherOp::verify() {
-  ArrayRef<int64_t> in = tensorType(getInput()).getShape();
-  ArrayRef<int64_t> idx = tensorType(getIndices()).getShape();
-  int64_t dim = getDim();
-  if (failed(verifyDim(*this, dim, in.size())))
+/// Checks `gathered == input[:dim] + indices + input[dim+1:]`.
+static LogicalResult verifyGatherShapes(Operation *op, Value input,
+                                        Value indices, int64_t dim,
+                                        Value gathered, StringRef what) {
+  ArrayRef<int64_t> in = tensorType(input).getShape();
+  ArrayRef<int64_t> idx = tensorType(indices).getShape();
+  if (failed(verifyDim(op, dim, in.size())))
     return failure();
   SmallVector<int64_t> expected(in.take_front(dim));
   expected.append(idx.begin(), idx.end());
   expected.append(in.begin() + dim + 1, in.end());
-  if (failed(verifySameElementType(*this, {getInput(), getResult()})))
+  if (failed(verifySameElementType(op, {input, gathered})))
     return failure();
-  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(expected))
-    return emitOpError("result shape ")
-           << shapeStr(tensorType(getResult()).getShape()) << " should be "
-           << shapeStr(expected);
+  if (tensorType(gathered).getShape() != ArrayRef<int64_t>(expected))
+    return op->emitOpError()
+           << what << " shape " << shapeStr(tensorType(gathered).getShape())
+           << " should be " << shapeStr(expected);
   return success();
+}
+
+LogicalResult GatherOp::verify() {
+  return verifyGatherShapes(*this, getInput(), getIndices(), getDim(),
+                            getResult(), "result");
+}
+
+LogicalResult GatherGradOp::verify() {
+  return verifyGatherShapes(*this, getResult(), getIndices(), getDim(),
+                            getGrad(), "grad");
 }
 
 LogicalResult BroadcastOp::verify() {
@@ -426,6 +460,61 @@ static LogicalResult verifyLoss(LossOp op) {
 
 LogicalResult CrossEntropyOp::verify() { return verifyLoss(*this); }
 LogicalResult NllLossOp::verify() { return verifyLoss(*this); }
+
+/// Checks a loss gradient's operands against the forward loss's rules.
+static LogicalResult verifyLossGrad(Operation *op, Value input, Value targets,
+                                    Value grad, LossReduction reduction) {
+  ArrayRef<int64_t> in = tensorType(input).getShape();
+  ArrayRef<int64_t> t = tensorType(targets).getShape();
+  if (in.empty() || in.drop_back() != t)
+    return op->emitOpError("input shape ")
+           << shapeStr(in) << " should be the targets' shape " << shapeStr(t)
+           << " plus a class dim";
+  ArrayRef<int64_t> g = tensorType(grad).getShape();
+  bool perElement = reduction == LossReduction::none;
+  if (perElement ? g != t : !g.empty())
+    return op->emitOpError("loss gradient shape ")
+           << shapeStr(g) << " should be "
+           << (perElement ? shapeStr(t) : std::string("[] (a scalar)"));
+  return verifySameElementType(op, {input, grad});
+}
+
+LogicalResult CrossEntropyGradOp::verify() {
+  return verifyLossGrad(*this, getInput(), getTargets(), getGrad(),
+                        getReduction());
+}
+LogicalResult NllLossGradOp::verify() {
+  return verifyLossGrad(*this, getResult(), getTargets(), getGrad(),
+                        getReduction());
+}
+
+LogicalResult SoftmaxGradOp::verify() {
+  return verifyDim(*this, getDim(), tensorType(getOutput()).getRank());
+}
+LogicalResult LogSoftmaxGradOp::verify() {
+  return verifyDim(*this, getDim(), tensorType(getOutput()).getRank());
+}
+LogicalResult LayerNormGradOp::verify() {
+  return verifyNorm(*this, getInput(), {getScale()}, getDim(), getInputGrad());
+}
+LogicalResult RmsNormGradOp::verify() {
+  return verifyNorm(*this, getInput(), {getScale()}, getDim(), getInputGrad());
+}
+
+LogicalResult
+AccumulateGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  auto param = symbolTable.lookupNearestSymbolFrom<ParameterOp>(*this,
+                                                                 getNameAttr());
+  if (!param)
+    return emitOpError("'") << getName() << "' does not name a model.parameter";
+  if (param.getType() != getGrad().getType())
+    return emitOpError("gradient type ")
+           << getGrad().getType() << " does not match parameter type "
+           << param.getType();
+  if (param.getFrozen())
+    return emitOpError("parameter '") << getName() << "' is frozen";
+  return success();
+}
 
 #define GET_OP_CLASSES
 #include "ir/ModelOps.cpp.inc"

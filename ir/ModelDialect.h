@@ -13,6 +13,7 @@
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
 #include "ir/ModelDialect.h.inc"
+#include "ir/GradientInterface.h.inc"
 #include "ir/ModelEnums.h.inc"
 
 #define GET_ATTRDEF_CLASSES

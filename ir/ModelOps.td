@@ -8,6 +8,10 @@ include "mlir/IR/SymbolInterfaces.td"
 include "mlir/IR/BuiltinAttributeInterfaces.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
+include "ir/GradientInterface.td"
+
+/// Ops autodiff can differentiate implement buildGradients (ModelGradients.cpp).
+defvar Differentiable = DeclareOpInterfaceMethods<Model_GradientOpInterface>;
 
 def Model_Tensor : StaticShapeTensorOf<[AnyType]>;
 def Model_FloatTensor : StaticShapeTensorOf<[AnyFloat]>;
@@ -24,7 +28,8 @@ def Model_ParameterOp : Model_Op<"parameter", [Symbol, HasParent<"ModuleOp">]> {
     A parameter is a float tensor the training program owns: it has an initial
     value (usually the ONNX initializer's bytes, held once as a resource blob)
     and is read in functions with `model.get_parameter`. The symbol keeps the
-    ONNX initializer's name.
+    ONNX initializer's name. `frozen` parameters (`--freeze`) get no gradient
+    and no optimizer state.
 
     ```mlir
     model.parameter @"h.0.ln_1.weight" : tensor<64xf32> = dense<1.0> : tensor<64xf32>
@@ -32,7 +37,8 @@ def Model_ParameterOp : Model_Op<"parameter", [Symbol, HasParent<"ModuleOp">]> {
   }];
   let arguments = (ins SymbolNameAttr:$sym_name,
                        TypeAttrOf<Model_FloatTensor>:$type,
-                       OptionalAttr<ElementsAttr>:$initial_value);
+                       OptionalAttr<ElementsAttr>:$initial_value,
+                       UnitAttr:$frozen);
   let assemblyFormat = [{
     $sym_name `:` $type (`=` $initial_value^)? attr-dict
   }];
@@ -96,11 +102,11 @@ class Model_BinaryOp<string mnemonic, Type operandType, list<Trait> traits = []>
   }];
 }
 
-def Model_AddOp : Model_BinaryOp<"add", Model_Tensor> { let summary = "elementwise lhs + rhs"; }
-def Model_SubOp : Model_BinaryOp<"sub", Model_Tensor> { let summary = "elementwise lhs - rhs"; }
-def Model_MulOp : Model_BinaryOp<"mul", Model_Tensor> { let summary = "elementwise lhs * rhs"; }
-def Model_DivOp : Model_BinaryOp<"div", Model_Tensor> { let summary = "elementwise lhs / rhs"; }
-def Model_PowOp : Model_BinaryOp<"pow", Model_Tensor> { let summary = "elementwise lhs ** rhs"; }
+def Model_AddOp : Model_BinaryOp<"add", Model_Tensor, [Differentiable]> { let summary = "elementwise lhs + rhs"; }
+def Model_SubOp : Model_BinaryOp<"sub", Model_Tensor, [Differentiable]> { let summary = "elementwise lhs - rhs"; }
+def Model_MulOp : Model_BinaryOp<"mul", Model_Tensor, [Differentiable]> { let summary = "elementwise lhs * rhs"; }
+def Model_DivOp : Model_BinaryOp<"div", Model_Tensor, [Differentiable]> { let summary = "elementwise lhs / rhs"; }
+def Model_PowOp : Model_BinaryOp<"pow", Model_Tensor, [Differentiable]> { let summary = "elementwise lhs ** rhs"; }
 def Model_AndOp : Model_BinaryOp<"and", Model_BoolTensor> { let summary = "elementwise logical and"; }
 def Model_OrOp : Model_BinaryOp<"or", Model_BoolTensor> { let summary = "elementwise logical or"; }
 
@@ -120,7 +126,7 @@ def Model_CmpOp : Model_Op<"cmp", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Model_SelectOp : Model_Op<"select", [Pure]> {
+def Model_SelectOp : Model_Op<"select", [Pure, Differentiable]> {
   let summary = "elementwise cond ? on_true : on_false, with broadcasting";
   let description = [{
     ```mlir
@@ -150,22 +156,22 @@ class Model_UnaryOp<string mnemonic, Type operandType, list<Trait> traits = []>
   }];
 }
 
-def Model_SqrtOp : Model_UnaryOp<"sqrt", Model_FloatTensor> { let summary = "elementwise square root"; }
-def Model_RsqrtOp : Model_UnaryOp<"rsqrt", Model_FloatTensor> { let summary = "elementwise 1 / sqrt(x)"; }
-def Model_ReciprocalOp : Model_UnaryOp<"reciprocal", Model_FloatTensor> { let summary = "elementwise 1 / x"; }
-def Model_NegOp : Model_UnaryOp<"neg", Model_Tensor> { let summary = "elementwise -x"; }
-def Model_ExpOp : Model_UnaryOp<"exp", Model_FloatTensor> { let summary = "elementwise e^x"; }
-def Model_LogOp : Model_UnaryOp<"log", Model_FloatTensor> { let summary = "elementwise natural logarithm"; }
-def Model_TanhOp : Model_UnaryOp<"tanh", Model_FloatTensor> { let summary = "elementwise tanh"; }
-def Model_ErfOp : Model_UnaryOp<"erf", Model_FloatTensor> { let summary = "elementwise error function"; }
-def Model_SigmoidOp : Model_UnaryOp<"sigmoid", Model_FloatTensor> { let summary = "elementwise 1 / (1 + e^-x)"; }
-def Model_ReluOp : Model_UnaryOp<"relu", Model_FloatTensor> { let summary = "elementwise max(x, 0)"; }
-def Model_SiluOp : Model_UnaryOp<"silu", Model_FloatTensor> { let summary = "elementwise x * sigmoid(x)"; }
-def Model_SinOp : Model_UnaryOp<"sin", Model_FloatTensor> { let summary = "elementwise sine"; }
-def Model_CosOp : Model_UnaryOp<"cos", Model_FloatTensor> { let summary = "elementwise cosine"; }
+def Model_SqrtOp : Model_UnaryOp<"sqrt", Model_FloatTensor, [Differentiable]> { let summary = "elementwise square root"; }
+def Model_RsqrtOp : Model_UnaryOp<"rsqrt", Model_FloatTensor, [Differentiable]> { let summary = "elementwise 1 / sqrt(x)"; }
+def Model_ReciprocalOp : Model_UnaryOp<"reciprocal", Model_FloatTensor, [Differentiable]> { let summary = "elementwise 1 / x"; }
+def Model_NegOp : Model_UnaryOp<"neg", Model_Tensor, [Differentiable]> { let summary = "elementwise -x"; }
+def Model_ExpOp : Model_UnaryOp<"exp", Model_FloatTensor, [Differentiable]> { let summary = "elementwise e^x"; }
+def Model_LogOp : Model_UnaryOp<"log", Model_FloatTensor, [Differentiable]> { let summary = "elementwise natural logarithm"; }
+def Model_TanhOp : Model_UnaryOp<"tanh", Model_FloatTensor, [Differentiable]> { let summary = "elementwise tanh"; }
+def Model_ErfOp : Model_UnaryOp<"erf", Model_FloatTensor, [Differentiable]> { let summary = "elementwise error function"; }
+def Model_SigmoidOp : Model_UnaryOp<"sigmoid", Model_FloatTensor, [Differentiable]> { let summary = "elementwise 1 / (1 + e^-x)"; }
+def Model_ReluOp : Model_UnaryOp<"relu", Model_FloatTensor, [Differentiable]> { let summary = "elementwise max(x, 0)"; }
+def Model_SiluOp : Model_UnaryOp<"silu", Model_FloatTensor, [Differentiable]> { let summary = "elementwise x * sigmoid(x)"; }
+def Model_SinOp : Model_UnaryOp<"sin", Model_FloatTensor, [Differentiable]> { let summary = "elementwise sine"; }
+def Model_CosOp : Model_UnaryOp<"cos", Model_FloatTensor, [Differentiable]> { let summary = "elementwise cosine"; }
 def Model_NotOp : Model_UnaryOp<"not", Model_BoolTensor> { let summary = "elementwise logical not"; }
 
-def Model_GeluOp : Model_Op<"gelu", [Pure, SameOperandsAndResultType]> {
+def Model_GeluOp : Model_Op<"gelu", [Pure, Differentiable, SameOperandsAndResultType]> {
   let summary = "elementwise GELU, exact (erf) or tanh-approximated";
   let description = [{
     `none` is x * 0.5 * (1 + erf(x / sqrt(2))); `tanh` is
@@ -186,7 +192,7 @@ def Model_GeluOp : Model_Op<"gelu", [Pure, SameOperandsAndResultType]> {
 // Linear algebra and data movement
 //===----------------------------------------------------------------------===//
 
-def Model_MatmulOp : Model_Op<"matmul", [Pure]> {
+def Model_MatmulOp : Model_Op<"matmul", [Pure, Differentiable]> {
   let summary = "batched matrix product with broadcast batch dimensions";
   let description = [{
     Operands have rank >= 2: `[..., M, K] x [..., K, N] -> [..., M, N]`, the
@@ -204,7 +210,7 @@ def Model_MatmulOp : Model_Op<"matmul", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Model_TransposeOp : Model_Op<"transpose", [Pure]> {
+def Model_TransposeOp : Model_Op<"transpose", [Pure, Differentiable]> {
   let summary = "permutes dimensions: result dim i is input dim permutation[i]";
   let description = [{
     ```mlir
@@ -217,7 +223,7 @@ def Model_TransposeOp : Model_Op<"transpose", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Model_ReshapeOp : Model_Op<"reshape", [Pure]> {
+def Model_ReshapeOp : Model_Op<"reshape", [Pure, Differentiable]> {
   let summary = "reinterprets the row-major elements with another shape";
   let description = [{
     ```mlir
@@ -230,7 +236,7 @@ def Model_ReshapeOp : Model_Op<"reshape", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Model_SliceOp : Model_Op<"slice", [Pure]> {
+def Model_SliceOp : Model_Op<"slice", [Pure, Differentiable]> {
   let summary = "strided slice [start, limit) with positive strides, per dim";
   let description = [{
     ```mlir
@@ -248,7 +254,7 @@ def Model_SliceOp : Model_Op<"slice", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Model_ConcatOp : Model_Op<"concat", [Pure]> {
+def Model_ConcatOp : Model_Op<"concat", [Pure, Differentiable]> {
   let summary = "concatenates tensors along one dimension";
   let description = [{
     ```mlir
@@ -261,7 +267,7 @@ def Model_ConcatOp : Model_Op<"concat", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Model_SplitOp : Model_Op<"split", [Pure]> {
+def Model_SplitOp : Model_Op<"split", [Pure, Differentiable]> {
   let summary = "splits a tensor along one dimension into consecutive pieces";
   let description = [{
     ```mlir
@@ -277,7 +283,7 @@ def Model_SplitOp : Model_Op<"split", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Model_GatherOp : Model_Op<"gather", [Pure]> {
+def Model_GatherOp : Model_Op<"gather", [Pure, Differentiable]> {
   let summary = "takes slices of `input` along `dim` at `indices` (embedding lookup)";
   let description = [{
     Result shape: `input[:dim] + indices + input[dim+1:]`. Negative indices
@@ -295,7 +301,7 @@ def Model_GatherOp : Model_Op<"gather", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Model_BroadcastOp : Model_Op<"broadcast", [Pure]> {
+def Model_BroadcastOp : Model_Op<"broadcast", [Pure, Differentiable]> {
   let summary = "broadcasts a tensor to a larger shape with NumPy rules";
   let description = [{
     ```mlir
@@ -308,7 +314,7 @@ def Model_BroadcastOp : Model_Op<"broadcast", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Model_CastOp : Model_Op<"cast", [Pure]> {
+def Model_CastOp : Model_Op<"cast", [Pure, Differentiable]> {
   let summary = "converts the element type, keeping the shape";
   let description = [{
     Float to integer truncates toward zero; anything to i1 is `x != 0`.
@@ -327,7 +333,7 @@ def Model_CastOp : Model_Op<"cast", [Pure]> {
 // Reductions and normalisation
 //===----------------------------------------------------------------------===//
 
-class Model_ReduceOp<string mnemonic> : Model_Op<mnemonic, [Pure]> {
+class Model_ReduceOp<string mnemonic> : Model_Op<mnemonic, [Pure, Differentiable]> {
   let arguments = (ins Model_Tensor:$input, DenseI64ArrayAttr:$dims,
                        UnitAttr:$keep_dims);
   let results = (outs Model_Tensor:$result);
@@ -350,7 +356,7 @@ def Model_ReduceMeanOp : Model_ReduceOp<"reduce_mean"> { let summary = "mean ove
 def Model_ReduceMaxOp : Model_ReduceOp<"reduce_max"> { let summary = "maximum over dims"; }
 
 class Model_SoftmaxLikeOp<string mnemonic>
-    : Model_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+    : Model_Op<mnemonic, [Pure, SameOperandsAndResultType, Differentiable]> {
   let arguments = (ins Model_FloatTensor:$input, I64Attr:$dim);
   let results = (outs Model_FloatTensor:$result);
   let assemblyFormat = "$input `dim` $dim attr-dict `:` type($result)";
@@ -365,7 +371,7 @@ class Model_SoftmaxLikeOp<string mnemonic>
 def Model_SoftmaxOp : Model_SoftmaxLikeOp<"softmax"> { let summary = "softmax along one dimension"; }
 def Model_LogSoftmaxOp : Model_SoftmaxLikeOp<"log_softmax"> { let summary = "log of softmax along one dimension"; }
 
-def Model_LayerNormOp : Model_Op<"layer_norm", [Pure]> {
+def Model_LayerNormOp : Model_Op<"layer_norm", [Pure, Differentiable]> {
   let summary = "layer normalisation over the trailing dims from `dim` on";
   let description = [{
     `(x - mean) / sqrt(var + epsilon) * scale + bias`, statistics over dims
@@ -387,7 +393,7 @@ def Model_LayerNormOp : Model_Op<"layer_norm", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Model_RmsNormOp : Model_Op<"rms_norm", [Pure]> {
+def Model_RmsNormOp : Model_Op<"rms_norm", [Pure, Differentiable]> {
   let summary = "RMS normalisation over the trailing dims from `dim` on";
   let description = [{
     `x / sqrt(mean(x^2) + epsilon) * scale`, the mean over dims `[dim, rank)`.
@@ -411,7 +417,7 @@ def Model_RmsNormOp : Model_Op<"rms_norm", [Pure]> {
 // Losses
 //===----------------------------------------------------------------------===//
 
-class Model_LossOp<string mnemonic> : Model_Op<mnemonic, [Pure]> {
+class Model_LossOp<string mnemonic> : Model_Op<mnemonic, [Pure, Differentiable]> {
   let arguments = (ins Model_FloatTensor:$input, Model_IntTensor:$targets,
                        OptionalAttr<I64Attr>:$ignore_index,
                        Model_LossReductionAttr:$reduction);
@@ -447,6 +453,196 @@ def Model_NllLossOp : Model_LossOp<"nll_loss"> {
         : tensor<16x256xf32>, tensor<16xi64> -> tensor<f32>
     ```
   }];
+}
+
+//===----------------------------------------------------------------------===//
+// Backward ops: what autodiff emits where a composite rule would be wasteful
+//===----------------------------------------------------------------------===//
+
+def Model_AccumulateGradOp : Model_Op<"accumulate_grad",
+    [DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+     MemoryEffects<[MemWrite]>]> {
+  let summary = "adds a gradient into a parameter's gradient accumulator";
+  let description = [{
+    The training step's output: `grad(@name) += grad`. A parameter read in
+    several places (a tied embedding and head) gets one accumulate per read,
+    so its gradient is the sum of all uses.
+
+    ```mlir
+    model.accumulate_grad @wte, %g : tensor<256x64xf32>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$name, Model_FloatTensor:$grad);
+  let assemblyFormat = "$name `,` $grad attr-dict `:` type($grad)";
+}
+
+class Model_SoftmaxGradLikeOp<string mnemonic, string formula>
+    : Model_Op<mnemonic, [Pure, AllTypesMatch<["output", "grad", "result"]>]> {
+  let summary = "gradient of " # !subst("_grad", "", mnemonic) # " from its output";
+  let description = [{
+    `}] # formula # [{`, along `dim`.
+
+    ```mlir
+    %dx = model.}] # mnemonic # [{ %y, %g dim 1 : tensor<2x8xf32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$output, Model_FloatTensor:$grad,
+                       I64Attr:$dim);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = "$output `,` $grad `dim` $dim attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Model_SoftmaxGradOp
+    : Model_SoftmaxGradLikeOp<"softmax_grad", "dx = y * (g - sum(g * y))">;
+def Model_LogSoftmaxGradOp
+    : Model_SoftmaxGradLikeOp<"log_softmax_grad", "dx = g - exp(y) * sum(g)">;
+
+def Model_LayerNormGradOp : Model_Op<"layer_norm_grad", [Pure,
+    AllTypesMatch<["input", "grad", "input_grad"]>,
+    AllTypesMatch<["scale", "scale_grad", "bias_grad"]>]> {
+  let summary = "gradients of model.layer_norm w.r.t. input, scale and bias";
+  let description = [{
+    Recomputes the statistics from the input.
+
+    ```mlir
+    %dx, %dg, %db = model.layer_norm_grad %x, %g, %dy dim 2 eps 1.000000e-05
+        : tensor<2x8x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$input, Model_FloatTensor:$scale,
+                       Model_FloatTensor:$grad, I64Attr:$dim, F32Attr:$epsilon);
+  let results = (outs Model_FloatTensor:$input_grad,
+                      Model_FloatTensor:$scale_grad,
+                      Model_FloatTensor:$bias_grad);
+  let assemblyFormat = [{
+    $input `,` $scale `,` $grad `dim` $dim `eps` $epsilon attr-dict `:`
+    type($input) `,` type($scale)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_RmsNormGradOp : Model_Op<"rms_norm_grad", [Pure,
+    AllTypesMatch<["input", "grad", "input_grad"]>,
+    AllTypesMatch<["scale", "scale_grad"]>]> {
+  let summary = "gradients of model.rms_norm w.r.t. input and scale";
+  let description = [{
+    ```mlir
+    %dx, %dg = model.rms_norm_grad %x, %g, %dy dim 2 eps 1.000000e-06
+        : tensor<2x8x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$input, Model_FloatTensor:$scale,
+                       Model_FloatTensor:$grad, I64Attr:$dim, F32Attr:$epsilon);
+  let results = (outs Model_FloatTensor:$input_grad,
+                      Model_FloatTensor:$scale_grad);
+  let assemblyFormat = [{
+    $input `,` $scale `,` $grad `dim` $dim `eps` $epsilon attr-dict `:`
+    type($input) `,` type($scale)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_GeluGradOp : Model_Op<"gelu_grad",
+    [Pure, AllTypesMatch<["input", "grad", "result"]>]> {
+  let summary = "gradient of model.gelu: grad * gelu'(input)";
+  let description = [{
+    ```mlir
+    %dx = model.gelu_grad %x, %g approximate none : tensor<2x8xf32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$input, Model_FloatTensor:$grad,
+      DefaultValuedAttr<Model_GeluApproximationAttr,
+                        "GeluApproximation::none">:$approximate);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $grad `approximate` $approximate attr-dict `:` type($result)
+  }];
+}
+
+def Model_CrossEntropyGradOp : Model_Op<"cross_entropy_grad",
+    [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "gradient of model.cross_entropy w.r.t. its logits";
+  let description = [{
+    `(softmax(logits) - onehot(targets)) * g`, zero at ignored targets, and
+    divided by the number of counted targets for `mean`. `grad` is the loss
+    gradient: a scalar for `sum`/`mean`, targets-shaped for `none`.
+
+    ```mlir
+    %dl = model.cross_entropy_grad %logits, %t, %g ignore_index -100 reduction mean
+        : tensor<16x256xf32>, tensor<16xi64>, tensor<f32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$input, Model_IntTensor:$targets,
+                       Model_FloatTensor:$grad, OptionalAttr<I64Attr>:$ignore_index,
+                       Model_LossReductionAttr:$reduction);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $targets `,` $grad (`ignore_index` $ignore_index^)? `reduction`
+    $reduction attr-dict `:` type($input) `,` type($targets) `,` type($grad)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_NllLossGradOp : Model_Op<"nll_loss_grad", [Pure]> {
+  let summary = "gradient of model.nll_loss w.r.t. its log-probabilities";
+  let description = [{
+    `-g` at each counted target's class (divided by the count for `mean`),
+    zero elsewhere.
+
+    ```mlir
+    %dl = model.nll_loss_grad %t, %g reduction mean
+        : tensor<16xi64>, tensor<f32> -> tensor<16x256xf32>
+    ```
+  }];
+  let arguments = (ins Model_IntTensor:$targets, Model_FloatTensor:$grad,
+                       OptionalAttr<I64Attr>:$ignore_index,
+                       Model_LossReductionAttr:$reduction);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = [{
+    $targets `,` $grad (`ignore_index` $ignore_index^)? `reduction` $reduction
+    attr-dict `:` type($targets) `,` type($grad) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_GatherGradOp : Model_Op<"gather_grad", [Pure]> {
+  let summary = "gradient of model.gather w.r.t. its input: a scatter-add";
+  let description = [{
+    Zeros of the result type, with each slice of `grad` added at its index
+    along `dim` (repeated indices add up: the embedding backward).
+
+    ```mlir
+    %dw = model.gather_grad %g at %tokens dim 0
+        : tensor<2x8x64xf32>, tensor<2x8xi64> -> tensor<256x64xf32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$grad, Model_IntTensor:$indices,
+                       I64Attr:$dim);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = [{
+    $grad `at` $indices `dim` $dim attr-dict `:` type($grad) `,` type($indices)
+    `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_SliceGradOp : Model_Op<"slice_grad", [Pure]> {
+  let summary = "gradient of model.slice: zeros with `grad` placed at the slice";
+  let description = [{
+    ```mlir
+    %dx = model.slice_grad %g start [0, 2] limit [4, 8] stride [1, 2]
+        : tensor<4x3xf32> -> tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Model_Tensor:$grad, DenseI64ArrayAttr:$start,
+                       DenseI64ArrayAttr:$limit, DenseI64ArrayAttr:$stride);
+  let results = (outs Model_Tensor:$result);
+  let assemblyFormat = [{
+    $grad `start` $start `limit` $limit `stride` $stride attr-dict `:`
+    type($grad) `->` type($result)
+  }];
+  let hasVerifier = 1;
 }
 
 #endif // FASTLLM_IR_MODELOPS_TD

@@ -10,6 +10,7 @@
 #include "frontend/OnnxImporter.h"
 #include "ir/ModelDialect.h"
 #include "ir/ModelSummary.h"
+#include "passes/Passes.h"
 
 #include "mlir/Bytecode/BytecodeWriter.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -145,6 +146,7 @@ int main(int argc, char **argv) {
 
   DialectRegistry registry;
   registry.insert<fastllm::model::ModelDialect, func::FuncDialect>();
+  fastllm::registerFastllmPasses();
   registerCanonicalizerPass();
   registerCSEPass();
   registerSymbolDCEPass();
