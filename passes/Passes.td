@@ -24,4 +24,30 @@ def AutodiffPass : Pass<"fastllm-autodiff", "ModuleOp"> {
   let dependentDialects = ["::mlir::fastllm::model::ModelDialect"];
 }
 
+def PlanMemoryPass : Pass<"fastllm-plan-memory", "ModuleOp"> {
+  let summary = "lays out one static arena per process and assigns every buffer";
+  let description = [{
+    Plans the memory of `func.func @train_step` for one rank:
+
+    - parameters are laid end to end in one flat fp32 array (each padded to
+      `alignment` bytes); `model.parameter`s get `plan.offset` (elements);
+      the gradient accumulator and the AdamW moments mirror that layout;
+    - the token and target inputs (the first two integer arguments) get
+      regions of their own;
+    - every other tensor an op produces gets a byte offset in the activation
+      region, assigned from liveness so that values whose lifetimes do not
+      overlap share memory (greedy by size, first fit); `model.reshape`
+      aliases its input, `model.constant` and `model.get_parameter` need no
+      activation memory.
+
+    Ops get `plan.offsets` (one byte offset per result, -1 when the result
+    has no buffer of its own); the module gets `plan.memory`, a dictionary
+    with every region's offset and size and the arena's total.
+  }];
+  let options = [
+    Option<"alignment", "alignment", "int64_t", /*default=*/"64",
+           "Alignment of every buffer, in bytes (a power of two)">,
+  ];
+}
+
 #endif // FASTLLM_PASSES_TD

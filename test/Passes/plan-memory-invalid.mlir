@@ -1,0 +1,29 @@
+// RUN: fastllm-opt %s --split-input-file --fastllm-plan-memory --verify-diagnostics
+// RUN: not fastllm-opt %s --split-input-file --fastllm-plan-memory='alignment=48' 2>&1 | FileCheck %s --check-prefix=ALIGN
+
+// Tests that the planner refuses what it cannot lay out.
+
+// ALIGN: error: alignment must be a positive power of two, got 48
+// expected-error @+1 {{no func.func @train_step to plan; run fastllm-autodiff first}}
+module {
+  func.func @forward() {
+    return
+  }
+}
+
+// -----
+
+// expected-error @+1 {{has element type 'bf16'; parameters must be f32}}
+model.parameter @w : tensor<4xbf16>
+func.func @train_step(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f32> {
+  %c = model.constant dense<1.0> : tensor<f32>
+  return %c : tensor<f32>
+}
+
+// -----
+
+// expected-error @+1 {{the training step must take exactly two integer inputs (tokens and targets)}}
+func.func @train_step(%tok: tensor<2x4xi64>, %x: tensor<2x4xf32>) -> tensor<f32> {
+  %c = model.constant dense<1.0> : tensor<f32>
+  return %c : tensor<f32>
+}
