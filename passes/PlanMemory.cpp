@@ -137,7 +137,7 @@ void PlanMemoryPass::runOnOperation() {
   ModuleOp module = getOperation();
   if (alignment <= 0 || !llvm::isPowerOf2_64(alignment)) {
     module.emitError("alignment must be a positive power of two, got ")
-        << alignment;
+        << alignment.getValue();
     return signalPassFailure();
   }
   auto step = module.lookupSymbol<func::FuncOp>("train_step");
