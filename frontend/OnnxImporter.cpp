@@ -91,9 +91,9 @@ namespace mlir::fastllm {
 class GraphImporter {
 public:
   GraphImporter(MLIRContext *context, StringRef name, StringRef modelDir,
-                const OnnxImportOptions &options)
+                OnnxImportOptions options)
       : context(context), name(name.str()), modelDir(modelDir.str()),
-        options(options), builder(context),
+        options(std::move(options)), builder(context),
         fileLoc(FileLineColLoc::get(context, name, 0, 0)) {}
 
   OwningOpRef<ModuleOp> run(onnx::ModelProto &model);
@@ -112,6 +112,7 @@ public:
 private:
   LogicalResult checkVersions(const onnx::ModelProto &model);
   LogicalResult importInitializers(onnx::GraphProto &graph);
+  LogicalResult bindTokenDims(const onnx::GraphProto &graph);
   FailureOr<RankedTensorType> inputType(const onnx::ValueInfoProto &info);
   FailureOr<SmallVector<const onnx::NodeProto *>>
   topologicalOrder(const onnx::GraphProto &graph);
@@ -124,7 +125,7 @@ private:
 
   MLIRContext *context;
   std::string name, modelDir;
-  const OnnxImportOptions &options;
+  OnnxImportOptions options;
   OpBuilder builder;
   Location fileLoc;
   int64_t opset = 0;
@@ -443,6 +444,50 @@ LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
   return success();
 }
 
+LogicalResult GraphImporter::bindTokenDims(const onnx::GraphProto &graph) {
+  if (!options.batchSize && !options.seqLen)
+    return success();
+  const onnx::ValueInfoProto *tokens = nullptr;
+  for (const onnx::ValueInfoProto &info : graph.input()) {
+    if (values.count(info.name()) || !info.type().has_tensor_type())
+      continue;
+    Type t = convertOnnxElementType(context, info.type().tensor_type().elem_type());
+    if (t && isa<IntegerType>(t) && !t.isInteger(1)) {
+      tokens = &info;
+      break;
+    }
+  }
+  if (!tokens || tokens->type().tensor_type().shape().dim_size() != 2)
+    return fileError() << "--batch-size and --seq-len bind the dims of the "
+                          "token input, but the model has no [batch, seq] "
+                          "integer input";
+  const auto &shape = tokens->type().tensor_type().shape();
+  for (auto [i, value, flag] :
+       {std::tuple{0, options.batchSize, "--batch-size"},
+        std::tuple{1, options.seqLen, "--seq-len"}}) {
+    if (!value)
+      continue;
+    if (*value <= 0)
+      return fileError() << flag << " must be positive, got " << *value;
+    const auto &dim = shape.dim(i);
+    if (dim.has_dim_value()) {
+      if (dim.dim_value() != *value)
+        return fileError() << flag << " " << *value << " conflicts with dim "
+                           << i << " of input '" << tokens->name()
+                           << "', which the model fixes to "
+                           << dim.dim_value();
+    } else if (dim.has_dim_param()) {
+      auto [it, inserted] =
+          options.dimBindings.try_emplace(dim.dim_param(), *value);
+      if (!inserted && it->second != *value)
+        return fileError() << flag << " " << *value << " conflicts with "
+                           << "--bind-dim " << dim.dim_param() << "="
+                           << it->second;
+    }
+  }
+  return success();
+}
+
 FailureOr<RankedTensorType>
 GraphImporter::inputType(const onnx::ValueInfoProto &info) {
   if (!info.type().has_tensor_type())
@@ -632,6 +677,9 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
   if (!graph.name().empty())
     module->setAttr("model.graph_name", builder.getStringAttr(graph.name()));
   if (failed(importInitializers(graph)))
+    return nullptr;
+
+  if (failed(bindTokenDims(graph)))
     return nullptr;
 
   // Graph inputs (older IR versions also list the initializers there).

@@ -13,6 +13,7 @@
 #include "mlir/IR/OwningOpRef.h"
 #include "llvm/ADT/StringMap.h"
 
+#include <optional>
 #include <string>
 
 namespace mlir::fastllm {
@@ -22,6 +23,10 @@ struct OnnxImportOptions {
   llvm::StringMap<int64_t> dimBindings;
   /// Parse the buffer as ONNX text rather than a binary ModelProto.
   bool textFormat = false;
+  /// `--batch-size` / `--seq-len`: bind the two dims of the token input (the
+  /// first integer graph input, [batch, seq]) whatever the exporter named
+  /// them; a static dim that disagrees is an error.
+  std::optional<int64_t> batchSize, seqLen;
 };
 
 /// Lowest and highest default-domain opset the importer accepts.

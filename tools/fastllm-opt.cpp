@@ -8,6 +8,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "frontend/OnnxImporter.h"
+#include "passes/Pipelines.h"
+#include "tools/Compile.h"
 #include "ir/ModelDialect.h"
 #include "ir/ModelSummary.h"
 #include "passes/Passes.h"
@@ -28,14 +30,13 @@
 using namespace mlir;
 using namespace llvm;
 
-/// Parses `NAME=V` pairs into `bindings`; reports and fails on bad ones.
-static bool parseDimBindings(ArrayRef<std::string> specs,
-                             StringMap<int64_t> &bindings) {
+bool fastllm::parseDimBindings(ArrayRef<std::string> specs,
+                               StringMap<int64_t> &bindings) {
   for (StringRef spec : specs) {
     auto [name, value] = spec.split('=');
     int64_t v;
     if (name.empty() || value.getAsInteger(10, v) || v <= 0) {
-      WithColor::error(errs(), "fastllm-opt import")
+      WithColor::error(errs(), "fastllm-opt")
           << "--bind-dim expects NAME=V with a positive integer V, got '"
           << spec << "'\n";
       return false;
@@ -47,7 +48,7 @@ static bool parseDimBindings(ArrayRef<std::string> specs,
 
 /// Prints import diagnostics as `FILE: error: message`: an ONNX file has no
 /// line numbers worth showing, and the message names the node.
-static void handleImportDiagnostic(Diagnostic &diag) {
+void fastllm::printDiagnostic(Diagnostic &diag) {
   raw_ostream &os = errs();
   Location loc = diag.getLocation();
   if (auto file = loc->findInstanceOf<FileLineColLoc>())
@@ -97,7 +98,7 @@ static int importMain(int argc, char **argv) {
       "in .onnxtext) to the model dialect, every shape static\n");
 
   fastllm::OnnxImportOptions options;
-  if (!parseDimBindings(bindDims, options.dimBindings))
+  if (!fastllm::parseDimBindings(bindDims, options.dimBindings))
     return 1;
 
   DialectRegistry registry;
@@ -105,7 +106,7 @@ static int importMain(int argc, char **argv) {
   MLIRContext context(registry);
   context.loadAllAvailableDialects();
   ScopedDiagnosticHandler handler(&context, [](Diagnostic &diag) {
-    handleImportDiagnostic(diag);
+    fastllm::printDiagnostic(diag);
     return success();
   });
 
@@ -143,10 +144,16 @@ int main(int argc, char **argv) {
     argv[1] = name.data();
     return importMain(argc - 1, argv + 1);
   }
+  if (argc > 1 && StringRef(argv[1]) == "compile") {
+    std::string name = std::string(argv[0]) + " compile";
+    argv[1] = name.data();
+    return fastllm::compileMain(argc - 1, argv + 1);
+  }
 
   DialectRegistry registry;
   registry.insert<fastllm::model::ModelDialect, func::FuncDialect>();
   fastllm::registerFastllmPasses();
+  fastllm::registerFastllmPipelines();
   registerCanonicalizerPass();
   registerCSEPass();
   registerSymbolDCEPass();
@@ -156,6 +163,8 @@ int main(int argc, char **argv) {
       "Modes:\n"
       "  fastllm-opt import MODEL [--bind-dim NAME=V]... [-o FILE]\n"
       "      import an ONNX model (see `fastllm-opt import --help`)\n"
+      "  fastllm-opt compile MODEL -o DIR --batch-size B --seq-len T\n"
+      "      build the training program (see `fastllm-opt compile --help`)\n"
       "  fastllm-opt [options] INPUT.mlir\n"
       "      run passes over MLIR, as mlir-opt does (options below)\n",
       registry));

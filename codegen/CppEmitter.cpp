@@ -1,0 +1,738 @@
+//===- CppEmitter.cpp - the CPU emitter -----------------------------------===//
+//
+// One kernel call per op of @train_step, in program order. Every tensor is a
+// pointer: into the arena at its planned offset, into the parameter region
+// (model.get_parameter), to a static array (model.constant), or to its
+// source (model.reshape). Elementwise ops become one `elementwise` call with
+// a lambda, so later fusion only has to compose lambdas.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/CppEmitter.h"
+#include "ir/ModelDialect.h"
+#include "passes/MemoryPlan.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/DialectResourceBlobManager.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/Path.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+using namespace mlir;
+using namespace mlir::fastllm;
+using namespace mlir::fastllm::model;
+
+namespace {
+
+RankedTensorType tensorType(Value v) {
+  return cast<RankedTensorType>(v.getType());
+}
+
+int64_t product(ArrayRef<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+/// Row-major strides of `operand` as seen from a broadcast result of rank
+/// `rank` (0 where the operand is broadcast).
+SmallVector<int64_t> broadcastStrides(ArrayRef<int64_t> operand, int64_t rank) {
+  SmallVector<int64_t> strides(rank, 0);
+  int64_t stride = 1;
+  for (int64_t i = (int64_t)operand.size() - 1; i >= 0; --i) {
+    int64_t dst = rank - (int64_t)operand.size() + i;
+    strides[dst] = operand[i] == 1 ? 0 : stride;
+    stride *= operand[i];
+  }
+  return strides;
+}
+
+/// A C++ string literal for `s`.
+std::string cString(StringRef s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\', out += c;
+    else if (llvm::isPrint(c))
+      out += c;
+    else
+      out += llvm::formatv("\\{0:o3}", (unsigned)c).str();
+  }
+  return out + "\"";
+}
+
+std::string list(ArrayRef<int64_t> values) {
+  std::string s = "{";
+  for (auto [i, v] : llvm::enumerate(values))
+    s += (i ? ", " : "") + std::to_string(v);
+  if (values.empty())
+    s += "0"; // zero-length arrays are not C++
+  return s + "}";
+}
+
+class CpuEmitter {
+public:
+  CpuEmitter(ModuleOp module, raw_ostream &os) : module(module), os(os) {}
+  LogicalResult emit();
+
+private:
+  FailureOr<std::string> cType(Type type, Operation *where);
+  LogicalResult emitConstants(func::FuncOp step);
+  LogicalResult emitPlan(const MemoryPlan &plan);
+  LogicalResult emitOp(Operation *op);
+  LogicalResult emitElementwise(Operation *op, StringRef expr);
+  std::string name(Value v) { return names.lookup(v); }
+  /// Declares the pointer for result `i` of `op` at its planned offset.
+  LogicalResult bindResult(Operation *op, unsigned i);
+
+  ModuleOp module;
+  raw_ostream &os;
+  DenseMap<Value, std::string> names;
+  DenseSet<Value> splats; ///< 1-element arrays standing for a splat
+  unsigned counter = 0;
+  std::string constants;
+};
+} // namespace
+
+FailureOr<std::string> CpuEmitter::cType(Type type, Operation *where) {
+  if (type.isF32())
+    return std::string("float");
+  if (type.isF64())
+    return std::string("double");
+  if (type.isInteger(64))
+    return std::string("int64_t");
+  if (type.isInteger(32))
+    return std::string("int32_t");
+  if (type.isInteger(8))
+    return std::string("int8_t");
+  if (type.isInteger(1))
+    return std::string("bool");
+  return where->emitOpError("element type ")
+         << type << " is not supported by the CPU target", failure();
+}
+
+LogicalResult CpuEmitter::bindResult(Operation *op, unsigned i) {
+  auto offsets = op->getAttrOfType<DenseI64ArrayAttr>(kResultOffsetsAttr);
+  if (!offsets || (int64_t)i >= offsets.size() || offsets[i] < 0)
+    return op->emitOpError("has no planned buffer; run fastllm-plan-memory");
+  Value r = op->getResult(i);
+  auto type = cType(tensorType(r).getElementType(), op);
+  if (failed(type))
+    return failure();
+  std::string n = "v" + std::to_string(counter++);
+  names[r] = n;
+  os << "  " << *type << " *" << n << " = reinterpret_cast<" << *type
+     << " *>(arena + " << offsets[i] << ");\n";
+  return success();
+}
+
+LogicalResult CpuEmitter::emitConstants(func::FuncOp step) {
+  llvm::raw_string_ostream cs(constants);
+  for (auto c : step.getOps<ConstantOp>()) {
+    auto dense = dyn_cast<DenseElementsAttr>(c.getValue());
+    if (!dense)
+      return c.emitOpError("only dense constants are supported by the CPU target");
+    auto type = cType(dense.getElementType(), c);
+    if (failed(type))
+      return failure();
+    std::string n = "c" + std::to_string(names.size());
+    names[c.getResult()] = n;
+    int64_t count = dense.isSplat() ? 1 : dense.getNumElements();
+    if (dense.isSplat())
+      splats.insert(c.getResult());
+    cs << "alignas(64) const " << *type << " " << n << "[" << count << "] = {";
+    auto print = [&](int64_t k) {
+      if (k)
+        cs << ", ";
+      Type et = dense.getElementType();
+      if (isa<FloatType>(et)) {
+        APFloat f = dense.getValues<APFloat>()[k];
+        double d = f.convertToDouble();
+        if (std::isnan(d))
+          cs << "NAN";
+        else if (std::isinf(d))
+          cs << (d < 0 ? "-INFINITY" : "INFINITY");
+        else
+          cs << llvm::format("%.9e", d) << (et.isF32() ? "f" : "");
+      } else if (et.isInteger(1)) {
+        cs << (dense.getValues<bool>()[k] ? "1" : "0");
+      } else {
+        cs << dense.getValues<APInt>()[k].getSExtValue();
+        if (et.isInteger(64))
+          cs << "LL";
+      }
+    };
+    for (int64_t k = 0; k < count; ++k)
+      print(k);
+    cs << "};\n";
+  }
+  return success();
+}
+
+LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
+  auto step = module.lookupSymbol<func::FuncOp>("train_step");
+  // Token ids are bounded by the loss's class dim and by the rows of any
+  // table the tokens index.
+  int64_t vocab = -1;
+  auto bound = [&](int64_t v) { vocab = vocab < 0 ? v : std::min(vocab, v); };
+  step.walk([&](Operation *op) {
+    if (isa<CrossEntropyOp, NllLossOp>(op))
+      bound(tensorType(op->getOperand(0)).getShape().back());
+    if (auto gather = dyn_cast<GatherOp>(op))
+      if (gather.getIndices() == step.getArgument(plan.tokensArg))
+        bound(tensorType(gather.getInput()).getDimSize(gather.getDim()));
+  });
+  if (vocab < 0)
+    return step.emitError("cannot tell the vocabulary size: no loss and no "
+                          "gather of the tokens");
+  ArrayRef<int64_t> tokShape =
+      tensorType(step.getArgument(plan.tokensArg)).getShape();
+  if (tokShape.size() != 2 ||
+      tensorType(step.getArgument(plan.targetsArg)).getShape() != tokShape)
+    return step.emitError("tokens and targets must both be [batch, seq]");
+  for (int64_t arg : {plan.tokensArg, plan.targetsArg})
+    if (!tensorType(step.getArgument(arg)).getElementType().isInteger(64))
+      return step.emitError("the tokens and targets inputs must be int64");
+  auto argName = [&](int64_t i) {
+    auto n = step.getArgAttrOfType<StringAttr>(i, "model.name");
+    return n ? n.getValue().str() : "arg" + std::to_string(i);
+  };
+
+  os << "const ParamInfo kParams[] = {\n";
+  int numParams = 0;
+  for (auto p : module.getOps<ParameterOp>()) {
+    RankedTensorType t = p.getTensorType();
+    auto offset = p->getAttrOfType<IntegerAttr>(kParamOffsetAttr);
+    if (!offset)
+      return p.emitOpError("has no planned offset; run fastllm-plan-memory");
+    if (t.getRank() > 8)
+      return p.emitOpError("has rank ") << t.getRank() << "; at most 8 is supported";
+    os << "    {" << cString(p.getSymName()) << ", " << t.getRank() << ", "
+       << list(t.getShape()) << ", " << t.getNumElements() << ", "
+       << offset.getInt() << ", " << (p.getFrozen() ? 0 : 1) << ", "
+       << (t.getRank() >= 2 ? 1 : 0) << "},\n";
+    ++numParams;
+  }
+  if (!numParams)
+    os << "    {\"\", 0, {0}, 0, 0, 0, 0},\n";
+  os << "};\n\n";
+  os << "const PlanInfo kPlan = {\n"
+     << "    kAbiVersion, \"cpu\", " << tokShape[0] << ", " << tokShape[1]
+     << ", " << vocab << ",\n"
+     << "    " << cString(argName(plan.tokensArg)) << ", "
+     << cString(argName(plan.targetsArg)) << ",\n"
+     << "    " << numParams << ", kParams, " << plan.paramElements << ",\n"
+     << "    " << plan.arenaBytes << ",\n"
+     << "    " << plan.paramsOffset << ", " << plan.gradsOffset << ", "
+     << plan.adamMOffset << ", " << plan.adamVOffset << ",\n"
+     << "    " << plan.tokensOffset << ", " << plan.targetsOffset << ",\n"
+     << "    " << plan.activationsOffset << ", " << plan.activationsBytes
+     << ", " << plan.activationsUnsharedBytes << ",\n"
+     << "};\n";
+  return success();
+}
+
+LogicalResult CpuEmitter::emitElementwise(Operation *op, StringRef expr) {
+  Value r = op->getResult(0);
+  ArrayRef<int64_t> shape = tensorType(r).getShape();
+  int64_t rank = shape.size();
+  if (failed(bindResult(op, 0)))
+    return failure();
+  os << "  {\n    static const int64_t shape[] = " << list(shape) << ";\n";
+  SmallVector<std::string> params, operands;
+  for (auto [i, v] : llvm::enumerate(op->getOperands())) {
+    SmallVector<int64_t> strides =
+        splats.count(v) ? SmallVector<int64_t>(rank, 0)
+                        : broadcastStrides(tensorType(v).getShape(), rank);
+    auto type = cType(tensorType(v).getElementType(), op);
+    if (failed(type))
+      return failure();
+    os << "    static const int64_t s" << i << "[] = " << list(strides) << ";\n";
+    params.push_back(*type + " x" + std::to_string(i));
+    operands.push_back("In<" + *type + ">{" + name(v) + ", s" +
+                       std::to_string(i) + "}");
+  }
+  os << "    elementwise(" << name(r) << ", " << rank << ", shape, [](";
+  llvm::interleaveComma(params, os);
+  os << ") { return " << expr << "; }, ";
+  llvm::interleaveComma(operands, os);
+  os << ");\n  }\n";
+  return success();
+}
+
+LogicalResult CpuEmitter::emitOp(Operation *op) {
+  auto shapeOf = [](Value v) { return tensorType(v).getShape(); };
+  auto cmpExpr = [](CmpPredicate p) -> const char * {
+    switch (p) {
+    case CmpPredicate::eq: return "x0 == x1";
+    case CmpPredicate::ne: return "x0 != x1";
+    case CmpPredicate::lt: return "x0 < x1";
+    case CmpPredicate::le: return "x0 <= x1";
+    case CmpPredicate::gt: return "x0 > x1";
+    case CmpPredicate::ge: return "x0 >= x1";
+    }
+    return "false";
+  };
+  auto bindAll = [&]() -> LogicalResult {
+    for (unsigned i = 0; i < op->getNumResults(); ++i)
+      if (failed(bindResult(op, i)))
+        return failure();
+    return success();
+  };
+  auto idxType = [&](Value v) {
+    return tensorType(v).getElementType().isInteger(64) ? "int64_t" : "int32_t";
+  };
+  auto reductionName = [](LossReduction r) {
+    switch (r) {
+    case LossReduction::none: return "Reduction::None";
+    case LossReduction::sum: return "Reduction::Sum";
+    case LossReduction::mean: return "Reduction::Mean";
+    }
+    return "Reduction::Mean";
+  };
+  auto ignoreArgs = [](std::optional<int64_t> ignore) {
+    return ignore ? "true, " + std::to_string(*ignore) : std::string("false, 0");
+  };
+  // Rows and columns of a normalisation over dims [dim, rank).
+  auto rowsCols = [&](Value x, int64_t dim) {
+    ArrayRef<int64_t> s = shapeOf(x);
+    return std::to_string(product(s.take_front(dim))) + ", " +
+           std::to_string(product(s.drop_front(dim)));
+  };
+  auto outerNInner = [&](Value x, int64_t dim) {
+    ArrayRef<int64_t> s = shapeOf(x);
+    return std::to_string(product(s.take_front(dim))) + ", " +
+           std::to_string(s[dim]) + ", " +
+           std::to_string(product(s.drop_front(dim + 1)));
+  };
+
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case<ConstantOp>([&](auto) { return success(); })
+      .Case<GetParameterOp>([&](GetParameterOp get) {
+        auto param = module.lookupSymbol<ParameterOp>(get.getName());
+        auto offset = param->getAttrOfType<IntegerAttr>(kParamOffsetAttr);
+        std::string n = "v" + std::to_string(counter++);
+        names[get.getResult()] = n;
+        os << "  float *" << n << " = params + " << offset.getInt() << "; // @"
+           << get.getName() << "\n";
+        return success();
+      })
+      .Case<ReshapeOp>([&](ReshapeOp r) {
+        names[r.getResult()] = name(r.getInput());
+        if (splats.count(r.getInput()))
+          splats.insert(r.getResult());
+        return success();
+      })
+      .Case<AccumulateGradOp>([&](AccumulateGradOp acc) {
+        auto param = module.lookupSymbol<ParameterOp>(acc.getName());
+        auto offset = param->getAttrOfType<IntegerAttr>(kParamOffsetAttr);
+        os << "  addInto(grads + " << offset.getInt() << ", "
+           << name(acc.getGrad()) << ", "
+           << tensorType(acc.getGrad()).getNumElements() << "); // @"
+           << acc.getName() << "\n";
+        return success();
+      })
+      .Case<func::ReturnOp>([&](func::ReturnOp ret) {
+        os << "  return " << name(ret.getOperand(0)) << "[0];\n";
+        return success();
+      })
+      // Elementwise.
+      .Case<AddOp>([&](auto o) { return emitElementwise(o, "x0 + x1"); })
+      .Case<SubOp>([&](auto o) { return emitElementwise(o, "x0 - x1"); })
+      .Case<MulOp>([&](auto o) { return emitElementwise(o, "x0 * x1"); })
+      .Case<DivOp>([&](auto o) { return emitElementwise(o, "x0 / x1"); })
+      .Case<PowOp>([&](auto o) { return emitElementwise(o, "std::pow(x0, x1)"); })
+      .Case<AndOp>([&](auto o) { return emitElementwise(o, "x0 && x1"); })
+      .Case<OrOp>([&](auto o) { return emitElementwise(o, "x0 || x1"); })
+      .Case<NotOp>([&](auto o) { return emitElementwise(o, "!x0"); })
+      .Case<CmpOp>([&](CmpOp o) {
+        return emitElementwise(o, cmpExpr(o.getPredicate()));
+      })
+      .Case<SelectOp>([&](auto o) { return emitElementwise(o, "x0 ? x1 : x2"); })
+      .Case<SqrtOp>([&](auto o) { return emitElementwise(o, "std::sqrt(x0)"); })
+      .Case<RsqrtOp>([&](auto o) { return emitElementwise(o, "1.0f / std::sqrt(x0)"); })
+      .Case<ReciprocalOp>([&](auto o) { return emitElementwise(o, "1.0f / x0"); })
+      .Case<NegOp>([&](auto o) { return emitElementwise(o, "-x0"); })
+      .Case<ExpOp>([&](auto o) { return emitElementwise(o, "std::exp(x0)"); })
+      .Case<LogOp>([&](auto o) { return emitElementwise(o, "std::log(x0)"); })
+      .Case<TanhOp>([&](auto o) { return emitElementwise(o, "std::tanh(x0)"); })
+      .Case<ErfOp>([&](auto o) { return emitElementwise(o, "std::erf(x0)"); })
+      .Case<SigmoidOp>([&](auto o) { return emitElementwise(o, "sigmoid(x0)"); })
+      .Case<ReluOp>([&](auto o) { return emitElementwise(o, "x0 > 0.0f ? x0 : 0.0f"); })
+      .Case<SiluOp>([&](auto o) { return emitElementwise(o, "silu(x0)"); })
+      .Case<SinOp>([&](auto o) { return emitElementwise(o, "std::sin(x0)"); })
+      .Case<CosOp>([&](auto o) { return emitElementwise(o, "std::cos(x0)"); })
+      .Case<GeluOp>([&](GeluOp o) {
+        return emitElementwise(
+            o, o.getApproximate() == GeluApproximation::tanh ? "gelu(x0, true)"
+                                                             : "gelu(x0, false)");
+      })
+      .Case<GeluGradOp>([&](GeluGradOp o) {
+        return emitElementwise(o, o.getApproximate() == GeluApproximation::tanh
+                                      ? "geluGrad(x0, x1, true)"
+                                      : "geluGrad(x0, x1, false)");
+      })
+      .Case<BroadcastOp>([&](auto o) { return emitElementwise(o, "x0"); })
+      .Case<CastOp>([&](CastOp o) -> LogicalResult {
+        auto to = cType(tensorType(o.getResult()).getElementType(), o);
+        if (failed(to))
+          return failure();
+        if (tensorType(o.getResult()).getElementType().isInteger(1))
+          return emitElementwise(o, "x0 != 0");
+        return emitElementwise(o, "static_cast<" + *to + ">(x0)");
+      })
+      // Everything else is a kernel call.
+      .Case<MatmulOp>([&](MatmulOp o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        ArrayRef<int64_t> a = shapeOf(o.getLhs()), b = shapeOf(o.getRhs()),
+                          c = shapeOf(o.getResult());
+        int64_t batchRank = c.size() - 2;
+        auto batchStrides = [&](ArrayRef<int64_t> s) {
+          SmallVector<int64_t> full = broadcastStrides(s, c.size());
+          return SmallVector<int64_t>(ArrayRef<int64_t>(full).take_front(batchRank));
+        };
+        os << "  {\n    static const int64_t bs[] = " << list(c.take_front(batchRank))
+           << ", as[] = " << list(batchStrides(a)) << ", bs2[] = "
+           << list(batchStrides(b)) << ";\n    matmul(" << name(o.getResult())
+           << ", " << name(o.getLhs()) << ", " << name(o.getRhs()) << ", "
+           << batchRank << ", bs, as, bs2, " << a[a.size() - 2] << ", "
+           << b.back() << ", " << a.back() << ", false, false);\n  }\n";
+        return success();
+      })
+      .Case<TransposeOp>([&](TransposeOp o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        os << "  {\n    static const int64_t shape[] = "
+           << list(shapeOf(o.getInput())) << ", perm[] = "
+           << list(o.getPermutation()) << ";\n    transpose("
+           << name(o.getResult()) << ", " << name(o.getInput()) << ", "
+           << shapeOf(o.getInput()).size() << ", shape, perm);\n  }\n";
+        return success();
+      })
+      .Case<ReduceSumOp, ReduceMeanOp, ReduceMaxOp>([&](auto o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        ArrayRef<int64_t> in = shapeOf(o.getInput());
+        std::string reduced = "{";
+        for (int64_t i = 0; i < (int64_t)in.size(); ++i)
+          reduced += std::string(i ? ", " : "") +
+                     (llvm::is_contained(o.getDims(), i) ? "true" : "false");
+        reduced += in.empty() ? "false}" : "}";
+        const char *kind = isa<ReduceSumOp>(o)    ? "ReduceKind::Sum"
+                           : isa<ReduceMeanOp>(o) ? "ReduceKind::Mean"
+                                                  : "ReduceKind::Max";
+        os << "  {\n    static const int64_t shape[] = " << list(in)
+           << ";\n    static const bool reduced[] = " << reduced
+           << ";\n    reduce(" << name(o.getResult()) << ", "
+           << name(o.getInput()) << ", " << in.size() << ", shape, reduced, "
+           << kind << ");\n  }\n";
+        return success();
+      })
+      .Case<SoftmaxOp, LogSoftmaxOp>([&](auto o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        os << "  softmax(" << name(o.getResult()) << ", " << name(o.getInput())
+           << ", " << outerNInner(o.getInput(), o.getDim()) << ", "
+           << (isa<LogSoftmaxOp>(o) ? "true" : "false") << ");\n";
+        return success();
+      })
+      .Case<SoftmaxGradOp, LogSoftmaxGradOp>([&](auto o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        os << "  softmaxGrad(" << name(o.getResult()) << ", "
+           << name(o.getOutput()) << ", " << name(o.getGrad()) << ", "
+           << outerNInner(o.getOutput(), o.getDim()) << ", "
+           << (isa<LogSoftmaxGradOp>(o) ? "true" : "false") << ");\n";
+        return success();
+      })
+      .Case<LayerNormOp>([&](LayerNormOp o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        os << "  layerNorm(" << name(o.getResult()) << ", " << name(o.getInput())
+           << ", " << name(o.getScale()) << ", "
+           << (o.getBias() ? name(o.getBias()) : "nullptr") << ", "
+           << rowsCols(o.getInput(), o.getDim()) << ", "
+           << llvm::format("%.9e", o.getEpsilon().convertToDouble()) << "f);\n";
+        return success();
+      })
+      .Case<LayerNormGradOp>([&](LayerNormGradOp o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        os << "  layerNormGrad(" << name(o.getInputGrad()) << ", "
+           << name(o.getScaleGrad()) << ", " << name(o.getBiasGrad()) << ", "
+           << name(o.getInput()) << ", " << name(o.getScale()) << ", "
+           << name(o.getGrad()) << ", " << rowsCols(o.getInput(), o.getDim())
+           << ", " << llvm::format("%.9e", o.getEpsilon().convertToDouble())
+           << "f);\n";
+        return success();
+      })
+      .Case<RmsNormOp>([&](RmsNormOp o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        os << "  rmsNorm(" << name(o.getResult()) << ", " << name(o.getInput())
+           << ", " << name(o.getScale()) << ", "
+           << rowsCols(o.getInput(), o.getDim()) << ", "
+           << llvm::format("%.9e", o.getEpsilon().convertToDouble()) << "f);\n";
+        return success();
+      })
+      .Case<RmsNormGradOp>([&](RmsNormGradOp o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        os << "  rmsNormGrad(" << name(o.getInputGrad()) << ", "
+           << name(o.getScaleGrad()) << ", " << name(o.getInput()) << ", "
+           << name(o.getScale()) << ", " << name(o.getGrad()) << ", "
+           << rowsCols(o.getInput(), o.getDim()) << ", "
+           << llvm::format("%.9e", o.getEpsilon().convertToDouble()) << "f);\n";
+        return success();
+      })
+      .Case<CrossEntropyOp, NllLossOp>([&](auto o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        ArrayRef<int64_t> in = shapeOf(o.getInput());
+        os << "  " << (isa<CrossEntropyOp>(o) ? "crossEntropy" : "nllLoss")
+           << "<" << idxType(o.getTargets()) << ">(" << name(o.getResult())
+           << ", " << name(o.getInput()) << ", " << name(o.getTargets()) << ", "
+           << product(in.drop_back()) << ", " << in.back() << ", "
+           << ignoreArgs(o.getIgnoreIndex()) << ", "
+           << reductionName(o.getReduction()) << ");\n";
+        return success();
+      })
+      .Case<CrossEntropyGradOp>([&](CrossEntropyGradOp o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        ArrayRef<int64_t> in = shapeOf(o.getInput());
+        os << "  crossEntropyGrad<" << idxType(o.getTargets()) << ">("
+           << name(o.getResult()) << ", " << name(o.getInput()) << ", "
+           << name(o.getTargets()) << ", " << name(o.getGrad()) << ", "
+           << product(in.drop_back()) << ", " << in.back() << ", "
+           << ignoreArgs(o.getIgnoreIndex()) << ", "
+           << reductionName(o.getReduction()) << ");\n";
+        return success();
+      })
+      .Case<NllLossGradOp>([&](NllLossGradOp o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        ArrayRef<int64_t> in = shapeOf(o.getResult());
+        os << "  nllLossGrad<" << idxType(o.getTargets()) << ">("
+           << name(o.getResult()) << ", " << name(o.getTargets()) << ", "
+           << name(o.getGrad()) << ", " << product(in.drop_back()) << ", "
+           << in.back() << ", " << ignoreArgs(o.getIgnoreIndex()) << ", "
+           << reductionName(o.getReduction()) << ");\n";
+        return success();
+      })
+      .Case<GatherOp, GatherGradOp>([&](auto o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        bool grad = isa<GatherGradOp>(o);
+        Value table = grad ? o->getResult(0) : o->getOperand(0);
+        Value data = grad ? o->getOperand(0) : o->getOperand(0);
+        Value indices = grad ? o->getOperand(1) : o->getOperand(1);
+        ArrayRef<int64_t> s = shapeOf(table);
+        int64_t dim = o.getDim();
+        auto type = cType(tensorType(table).getElementType(), o);
+        if (failed(type))
+          return failure();
+        os << "  " << (grad ? "gatherGrad" : "gather") << "<" << *type << ", "
+           << idxType(indices) << ">(" << name(o->getResult(0)) << ", "
+           << name(data) << ", " << name(indices) << ", "
+           << product(s.take_front(dim)) << ", " << s[dim] << ", "
+           << tensorType(indices).getNumElements() << ", "
+           << product(s.drop_front(dim + 1)) << ");\n";
+        return success();
+      })
+      .Case<SliceOp, SliceGradOp>([&](auto o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        bool grad = isa<SliceGradOp>(o);
+        Value big = grad ? o->getResult(0) : o->getOperand(0);
+        Value small = grad ? o->getOperand(0) : o->getResult(0);
+        os << "  {\n    static const int64_t big[] = " << list(shapeOf(big))
+           << ", start[] = " << list(o.getStart()) << ", stride[] = "
+           << list(o.getStride()) << ", small[] = " << list(shapeOf(small))
+           << ";\n    " << (grad ? "sliceGrad(" : "slice(")
+           << name(o->getResult(0)) << ", " << name(o->getOperand(0)) << ", "
+           << shapeOf(big).size() << ", big, start, stride, small);\n  }\n";
+        return success();
+      })
+      .Case<SplitOp>([&](SplitOp o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        ArrayRef<int64_t> in = shapeOf(o.getInput());
+        SmallVector<int64_t> start(in.size(), 0), stride(in.size(), 1);
+        for (Value r : o.getResults()) {
+          os << "  {\n    static const int64_t big[] = " << list(in)
+             << ", start[] = " << list(start) << ", stride[] = " << list(stride)
+             << ", small[] = " << list(shapeOf(r)) << ";\n    slice(" << name(r)
+             << ", " << name(o.getInput()) << ", " << in.size()
+             << ", big, start, stride, small);\n  }\n";
+          start[o.getDim()] += tensorType(r).getDimSize(o.getDim());
+        }
+        return success();
+      })
+      .Case<ConcatOp>([&](ConcatOp o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        ArrayRef<int64_t> out = shapeOf(o.getResult());
+        int64_t dim = o.getDim();
+        auto type = cType(tensorType(o.getResult()).getElementType(), o);
+        if (failed(type))
+          return failure();
+        SmallVector<int64_t> sizes;
+        SmallVector<std::string> ins;
+        for (Value in : o.getInputs()) {
+          sizes.push_back(tensorType(in).getDimSize(dim));
+          ins.push_back(name(in));
+        }
+        os << "  {\n    static const int64_t sizes[] = " << list(sizes)
+           << ";\n    const " << *type << " *ins[] = {";
+        llvm::interleaveComma(ins, os);
+        os << "};\n    concat(" << name(o.getResult()) << ", " << ins.size()
+           << ", ins, sizes, " << product(out.take_front(dim)) << ", "
+           << product(out.drop_front(dim + 1)) << ");\n  }\n";
+        return success();
+      })
+      .Default([&](Operation *o) {
+        return o->emitOpError("is not supported by the CPU target");
+      });
+}
+
+LogicalResult CpuEmitter::emit() {
+  std::optional<MemoryPlan> plan = MemoryPlan::get(module);
+  if (!plan)
+    return failure();
+  auto step = module.lookupSymbol<func::FuncOp>("train_step");
+  if (!step)
+    return module.emitError("no func.func @train_step; run fastllm-autodiff");
+  if (failed(emitConstants(step)))
+    return failure();
+
+  os << "// Generated by fastllm-opt: the training step of one rank (CPU).\n"
+        "// Do not edit; recompile the model instead.\n\n"
+        "#include \"runtime/ModelABI.h\"\n"
+        "#include \"runtime/cpu/Kernels.h\"\n\n"
+        "#include <cmath>\n#include <cstdint>\n\n"
+        "using namespace fastllm::rt;\nusing namespace fastllm::rt::cpu;\n\n"
+        "namespace {\n";
+  if (failed(emitPlan(*plan)))
+    return failure();
+  os << "\n" << constants << "} // namespace\n\n"
+     << "extern \"C\" const PlanInfo *fastllm_plan() { return &kPlan; }\n\n"
+     << "extern \"C\" float fastllm_step(char *arena) {\n"
+     << "  float *params = reinterpret_cast<float *>(arena + "
+     << plan->paramsOffset << ");\n"
+     << "  float *grads = reinterpret_cast<float *>(arena + "
+     << plan->gradsOffset << ");\n";
+  for (auto [arg, offset] : {std::pair{plan->tokensArg, plan->tokensOffset},
+                             std::pair{plan->targetsArg, plan->targetsOffset}}) {
+    std::string n = "a" + std::to_string(arg);
+    names[step.getArgument(arg)] = n;
+    os << "  const int64_t *" << n
+       << " = reinterpret_cast<const int64_t *>(arena + " << offset << ");\n";
+  }
+  os << "  (void)grads;\n";
+  for (Operation &op : step.getBody().front())
+    if (failed(emitOp(&op)))
+      return failure();
+  os << "}\n";
+  return success();
+}
+
+LogicalResult mlir::fastllm::emitCpuSource(ModuleOp module, raw_ostream &os) {
+  return CpuEmitter(module, os).emit();
+}
+
+//===----------------------------------------------------------------------===//
+// Weights
+//===----------------------------------------------------------------------===//
+
+/// The raw little-endian bytes of a parameter's initial value.
+static FailureOr<std::string> parameterBytes(ParameterOp p) {
+  ElementsAttr init = p.getInitialValueAttr();
+  RankedTensorType t = p.getTensorType();
+  size_t bytes = t.getNumElements() * 4;
+  if (!init)
+    return p.emitOpError("has no initial value"), failure();
+  if (auto res = dyn_cast<DenseResourceElementsAttr>(init)) {
+    AsmResourceBlob *blob = res.getRawHandle().getBlob();
+    if (!blob || blob->getData().size() != bytes)
+      return p.emitOpError("initial value blob is missing or has the wrong size"),
+             failure();
+    return std::string(blob->getData().data(), bytes);
+  }
+  if (auto dense = dyn_cast<DenseElementsAttr>(init)) {
+    std::string out;
+    out.reserve(bytes);
+    for (APFloat f : dense.getValues<APFloat>()) {
+      float v = f.convertToFloat();
+      out.append(reinterpret_cast<const char *>(&v), 4);
+    }
+    return out;
+  }
+  return p.emitOpError("initial value kind is not supported"), failure();
+}
+
+LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
+  // Header first: safetensors is [u64 header size][JSON header][data].
+  llvm::json::Object header;
+  SmallVector<std::string> blobs;
+  uint64_t offset = 0;
+  for (auto p : module.getOps<ParameterOp>()) {
+    auto bytes = parameterBytes(p);
+    if (failed(bytes))
+      return failure();
+    llvm::json::Array shape;
+    for (int64_t d : p.getTensorType().getShape())
+      shape.push_back(d);
+    header[p.getSymName()] = llvm::json::Object{
+        {"dtype", "F32"},
+        {"shape", std::move(shape)},
+        {"data_offsets", llvm::json::Array{offset, offset + bytes->size()}}};
+    offset += bytes->size();
+    blobs.push_back(std::move(*bytes));
+  }
+  header["__metadata__"] = llvm::json::Object{{"format", "pt"},
+                                              {"producer", "fastllm-opt"}};
+  std::string json;
+  llvm::raw_string_ostream js(json);
+  js << llvm::json::Value(std::move(header));
+  js.flush();
+  while (json.size() % 8)
+    json += ' ';
+
+  std::string tmp = (path + ".tmp").str();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return module.emitError("cannot write '") << tmp << "': " << strerror(errno);
+  auto writeAll = [&](const char *data, size_t size) {
+    while (size) {
+      ssize_t n = ::write(fd, data, size);
+      if (n <= 0)
+        return false;
+      data += n;
+      size -= n;
+    }
+    return true;
+  };
+  uint64_t headerSize = json.size();
+  char sizeBytes[8];
+  for (int i = 0; i < 8; ++i)
+    sizeBytes[i] = char((headerSize >> (8 * i)) & 0xff);
+  bool ok = writeAll(sizeBytes, 8) && writeAll(json.data(), json.size());
+  for (const std::string &b : blobs)
+    ok = ok && writeAll(b.data(), b.size());
+  ok = ok && ::fsync(fd) == 0;
+  ok = (::close(fd) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.str().c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return module.emitError("cannot write '") << path << "': " << strerror(errno);
+  }
+  return success();
+}

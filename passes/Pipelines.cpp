@@ -1,0 +1,26 @@
+//===- Pipelines.cpp ------------------------------------------------------===//
+
+#include "passes/Pipelines.h"
+#include "passes/Passes.h"
+
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Transforms/Passes.h"
+
+using namespace mlir;
+using namespace mlir::fastllm;
+
+void mlir::fastllm::buildCpuTrainingPipeline(
+    OpPassManager &pm, const TrainingPipelineOptions &options) {
+  AutodiffPassOptions autodiff;
+  autodiff.freeze = options.freeze;
+  pm.addPass(createAutodiffPass(autodiff));
+  pm.addPass(createCSEPass());
+  pm.addPass(createPlanMemoryPass());
+}
+
+void mlir::fastllm::registerFastllmPipelines() {
+  PassPipelineRegistration<TrainingPipelineOptions>(
+      "fastllm-cpu-pipeline",
+      "Imported model to a planned training step for the CPU emitter",
+      buildCpuTrainingPipeline);
+}

@@ -1,0 +1,268 @@
+//===- Compile.cpp - `fastllm-opt compile`: ONNX in, training binary out --===//
+//
+// Import -> the named training pipeline -> artifacts in the output folder:
+//   plan.mlir            the planned IR (weights elided: they are below)
+//   train_step.cpp       generated C++ (the training step and the plan)
+//   weights.safetensors  initial weights (the ONNX initializers)
+//   plan.json            the memory plan and parameter table
+//   train                the training binary (generated code + runtime)
+//
+//===----------------------------------------------------------------------===//
+
+#include "tools/Compile.h"
+
+#include "codegen/CppEmitter.h"
+#include "frontend/OnnxImporter.h"
+#include "ir/ModelDialect.h"
+#include "ir/ModelSummary.h"
+#include "passes/MemoryPlan.h"
+#include "passes/Pipelines.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Support/FileUtilities.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/WithColor.h"
+
+using namespace mlir;
+using namespace llvm;
+
+static raw_ostream &compileError() {
+  return WithColor::error(errs(), "fastllm-opt compile");
+}
+
+/// Writes `text` to `path` atomically.
+static bool writeFile(StringRef path, StringRef text) {
+  std::string error;
+  auto out = openOutputFile(path, &error);
+  if (!out) {
+    compileError() << error << "\n";
+    return false;
+  }
+  out->os() << text;
+  out->keep();
+  return true;
+}
+
+static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
+                            int64_t batch, int64_t seq) {
+  json::Array params;
+  for (auto p : module.getOps<fastllm::model::ParameterOp>()) {
+    json::Array shape;
+    for (int64_t d : p.getTensorType().getShape())
+      shape.push_back(d);
+    params.push_back(json::Object{
+        {"name", p.getSymName()},
+        {"shape", std::move(shape)},
+        {"offset", p->getAttrOfType<IntegerAttr>(fastllm::kParamOffsetAttr).getInt()},
+        {"trainable", !p.getFrozen()}});
+  }
+  int64_t paramBytes = plan.paramElements * 4;
+  json::Object root{
+      {"target", "cpu"},
+      {"dp", 1},
+      {"batch_size", batch},
+      {"seq_len", seq},
+      {"params", std::move(params)},
+      {"memory",
+       json::Object{{"arena_bytes", plan.arenaBytes},
+                    {"param_elements", plan.paramElements},
+                    {"master_weights_bytes", paramBytes},
+                    {"gradients_bytes", paramBytes},
+                    {"optimizer_bytes", 2 * paramBytes},
+                    {"activations_bytes", plan.activationsBytes},
+                    {"activations_unshared_bytes", plan.activationsUnsharedBytes},
+                    {"params_offset", plan.paramsOffset},
+                    {"grads_offset", plan.gradsOffset},
+                    {"adam_m_offset", plan.adamMOffset},
+                    {"adam_v_offset", plan.adamVOffset},
+                    {"tokens_offset", plan.tokensOffset},
+                    {"targets_offset", plan.targetsOffset},
+                    {"activations_offset", plan.activationsOffset}}},
+      {"communication_bytes_per_step", json::Object{}}};
+  std::string text;
+  raw_string_ostream os(text);
+  os << formatv("{0:2}", json::Value(std::move(root))) << "\n";
+  return text;
+}
+
+static void printReport(const fastllm::MemoryPlan &plan, raw_ostream &os) {
+  auto mib = [](int64_t bytes) { return format("%10.2f MiB", bytes / 1048576.0); };
+  int64_t paramBytes = plan.paramElements * 4;
+  os << "memory plan per rank (dp = 1)\n"
+     << "  master weights (fp32)   " << mib(paramBytes) << "\n"
+     << "  gradients (fp32)        " << mib(paramBytes) << "\n"
+     << "  optimizer (AdamW m, v)  " << mib(2 * paramBytes) << "\n"
+     << "  tokens + targets        "
+     << mib(plan.activationsOffset - plan.tokensOffset) << "\n"
+     << "  activations (peak)      " << mib(plan.activationsBytes)
+     << "   (" << mib(plan.activationsUnsharedBytes) << " if nothing were shared)\n"
+     << "  total arena             " << mib(plan.arenaBytes) << "\n"
+     << "communication per step: none (dp = 1)\n";
+}
+
+/// Compiles and links the training binary; the compiler's output goes to
+/// DIR/build.log and is shown on failure.
+static bool buildBinary(StringRef dir) {
+  std::string cxx = FASTLLM_HOST_CXX;
+  if (const char *env = std::getenv("FASTLLM_CXX"))
+    cxx = env;
+  auto program = sys::findProgramByName(cxx);
+  if (!program) {
+    compileError() << "cannot find the C++ compiler '" << cxx
+                   << "' (set FASTLLM_CXX)\n";
+    return false;
+  }
+  SmallString<256> source(dir), binary(dir), log(dir);
+  sys::path::append(source, "train_step.cpp");
+  sys::path::append(binary, "train");
+  sys::path::append(log, "build.log");
+  std::string lib = FASTLLM_RUNTIME_LIB_DIR;
+  SmallVector<std::string> args = {
+      *program, "-std=c++17", "-O3", "-march=native", "-fopenmp",
+      "-I" FASTLLM_SOURCE_DIR, std::string(source),
+      lib + "/libfastllm_rt_main.a", lib + "/libfastllm_rt.a",
+      "-lopenblas", "-lm", "-o", std::string(binary)};
+  SmallVector<StringRef> argRefs(args.begin(), args.end());
+  std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log),
+                                          StringRef(log)};
+  std::string error;
+  int rc = sys::ExecuteAndWait(*program, argRefs, std::nullopt, redirects, 0, 0,
+                               &error);
+  if (rc != 0) {
+    compileError() << "building " << binary << " failed"
+                   << (error.empty() ? "" : ": " + error) << "\n";
+    if (auto text = MemoryBuffer::getFile(log))
+      errs() << (*text)->getBuffer();
+    return false;
+  }
+  return true;
+}
+
+int fastllm::compileMain(int argc, char **argv) {
+  cl::OptionCategory category("fastllm-opt compile options");
+  cl::opt<std::string> input(cl::Positional, cl::Required,
+                             cl::desc("<model.onnx | model.onnxtext>"),
+                             cl::cat(category));
+  cl::opt<std::string> outDir("o", cl::Required,
+                              cl::desc("Output folder (created if needed)"),
+                              cl::value_desc("dir"), cl::cat(category));
+  cl::opt<int64_t> batchSize("batch-size", cl::Required,
+                             cl::desc("Micro-batch per rank (samples)"),
+                             cl::cat(category));
+  cl::opt<int64_t> seqLen("seq-len", cl::Required,
+                          cl::desc("Tokens per sample"), cl::cat(category));
+  cl::list<std::string> bindDims(
+      "bind-dim", cl::desc("Bind another symbolic dim NAME to V (repeatable)"),
+      cl::value_desc("NAME=V"), cl::cat(category));
+  cl::opt<std::string> target("target", cl::desc("cpu (cuda: not yet)"),
+                              cl::init("cpu"), cl::cat(category));
+  cl::opt<int64_t> dp("dp", cl::desc("Data-parallel ranks (only 1 so far)"),
+                      cl::init(1), cl::cat(category));
+  cl::opt<std::string> freeze(
+      "freeze",
+      cl::desc("Regex: parameters whose name it matches are not trained"),
+      cl::init(""), cl::cat(category));
+  cl::opt<bool> report("report",
+                       cl::desc("Print the per-rank memory plan"),
+                       cl::cat(category));
+  cl::opt<std::string> emit(
+      "emit", cl::desc("Stop after writing: mlir | source | binary"),
+      cl::init("binary"), cl::cat(category));
+  registerAsmPrinterCLOptions();
+  registerMLIRContextCLOptions();
+  cl::HideUnrelatedOptions({&category, &getColorCategory()});
+  cl::ParseCommandLineOptions(
+      argc, argv,
+      "fastllm-opt compile: ONNX training graph (output: the loss) to a "
+      "training program in the output folder: plan.mlir, train_step.cpp, "
+      "weights.safetensors, plan.json and the `train` binary\n");
+
+  if (target != "cpu") {
+    compileError() << "--target " << target
+                   << " is not supported yet (supported: cpu)\n";
+    return 1;
+  }
+  if (dp != 1) {
+    compileError() << "--dp " << dp
+                   << ": data parallelism is not implemented yet (use --dp 1)\n";
+    return 1;
+  }
+  if (emit != "mlir" && emit != "source" && emit != "binary") {
+    compileError() << "--emit must be mlir, source or binary, got '" << emit
+                   << "'\n";
+    return 1;
+  }
+  fastllm::OnnxImportOptions options;
+  if (!fastllm::parseDimBindings(bindDims, options.dimBindings))
+    return 1;
+  options.batchSize = batchSize;
+  options.seqLen = seqLen;
+  if (std::error_code ec = sys::fs::create_directories(outDir)) {
+    compileError() << "cannot create '" << outDir << "': " << ec.message()
+                   << "\n";
+    return 1;
+  }
+
+  DialectRegistry registry;
+  fastllm::registerOnnxImportDialects(registry);
+  MLIRContext context(registry);
+  context.loadAllAvailableDialects();
+  ScopedDiagnosticHandler handler(&context, [](Diagnostic &diag) {
+    fastllm::printDiagnostic(diag);
+    return success();
+  });
+  OwningOpRef<ModuleOp> module = fastllm::importOnnxFile(&context, input, options);
+  if (!module)
+    return 1;
+
+  PassManager pm(&context);
+  fastllm::TrainingPipelineOptions pipeline;
+  pipeline.freeze = freeze.getValue();
+  fastllm::buildCpuTrainingPipeline(pm, pipeline);
+  if (failed(pm.run(*module)))
+    return 1;
+  std::optional<fastllm::MemoryPlan> plan = fastllm::MemoryPlan::get(*module);
+  if (!plan)
+    return 1;
+
+  auto path = [&](StringRef name) {
+    SmallString<256> p(outDir);
+    sys::path::append(p, name);
+    return std::string(p);
+  };
+  {
+    std::string text;
+    raw_string_ostream os(text);
+    module->print(os, OpPrintingFlags().elideLargeResourceString(64));
+    if (!writeFile(path("plan.mlir"), text))
+      return 1;
+  }
+  if (!writeFile(path("plan.json"), planJson(*module, *plan, batchSize, seqLen)))
+    return 1;
+  if (report)
+    printReport(*plan, outs());
+  if (emit == "mlir")
+    return 0;
+
+  std::string source;
+  raw_string_ostream sourceStream(source);
+  if (failed(fastllm::emitCpuSource(*module, sourceStream)))
+    return 1;
+  if (!writeFile(path("train_step.cpp"), source))
+    return 1;
+  if (failed(fastllm::writeWeights(*module, path("weights.safetensors"))))
+    return 1;
+  if (emit == "source")
+    return 0;
+  return buildBinary(outDir) ? 0 : 1;
+}
