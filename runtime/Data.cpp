@@ -1,0 +1,152 @@
+//===- Data.cpp - token file and samplers ---------------------------------===//
+
+#include "runtime/Data.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+using namespace fastllm::rt;
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "token files are little-endian and are read in place");
+
+namespace {
+
+/// The position of the first id >= limit, or n when there is none. A min
+/// reduction keeps the answer the first one whatever the threads' order.
+template <typename T>
+int64_t firstIdAtLeast(const T *ids, int64_t n, int64_t limit) {
+  int64_t first = n;
+#pragma omp parallel for reduction(min : first)
+  for (int64_t i = 0; i < n; ++i)
+    if (static_cast<int64_t>(ids[i]) >= limit && i < first)
+      first = i;
+  return first;
+}
+
+template <typename T>
+void widen(const T *ids, int64_t begin, int64_t count, int64_t *out) {
+  for (int64_t i = 0; i < count; ++i)
+    out[i] = ids[begin + i];
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+} // namespace
+
+Expected<TokenFile> TokenFile::open(const std::string &path, TokenDtype dtype,
+                                    int64_t seqLen, int64_t vocabSize) {
+  const char *file = path.c_str();
+  int fd = ::open(file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return errorf("cannot open data file '%s': %s", file, std::strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return errorf("data file '%s' is not a regular file", file);
+  }
+  int64_t width = dtype == TokenDtype::U16 ? 2 : 4;
+  const char *dtypeName = dtype == TokenDtype::U16 ? "u16" : "u32";
+  if (st.st_size % width != 0) {
+    ::close(fd);
+    return errorf("data file '%s' has %lld bytes, not a multiple of %lld "
+                  "(--data-dtype %s)",
+                  file, (long long)st.st_size, (long long)width, dtypeName);
+  }
+  int64_t n = st.st_size / width;
+  if (n < seqLen + 2) {
+    ::close(fd);
+    return errorf("data file '%s' has %lld tokens; seq-len %lld needs at "
+                  "least %lld",
+                  file, (long long)n, (long long)seqLen,
+                  (long long)(seqLen + 2));
+  }
+  void *base = mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int mapErrno = errno;
+  ::close(fd); // the mapping keeps the file alive
+  if (base == MAP_FAILED)
+    return errorf("cannot map data file '%s': %s", file,
+                  std::strerror(mapErrno));
+
+  TokenFile tokens;
+  tokens.base = base;
+  tokens.bytes = st.st_size;
+  tokens.dtype = dtype;
+  tokens.numTokens = n;
+  int64_t bad =
+      dtype == TokenDtype::U16
+          ? firstIdAtLeast(static_cast<const uint16_t *>(base), n, vocabSize)
+          : firstIdAtLeast(static_cast<const uint32_t *>(base), n, vocabSize);
+  if (bad < n) {
+    int64_t id;
+    tokens.read(bad, 1, &id);
+    return errorf("data file '%s': token %lld at position %lld is not below "
+                  "the vocabulary size %lld (is --data-dtype %s right?)",
+                  file, (long long)id, (long long)bad, (long long)vocabSize,
+                  dtypeName);
+  }
+  return tokens;
+}
+
+TokenFile::TokenFile(TokenFile &&other) noexcept { *this = std::move(other); }
+
+TokenFile &TokenFile::operator=(TokenFile &&other) noexcept {
+  std::swap(base, other.base);
+  std::swap(bytes, other.bytes);
+  std::swap(dtype, other.dtype);
+  std::swap(numTokens, other.numTokens);
+  return *this;
+}
+
+TokenFile::~TokenFile() {
+  if (base)
+    munmap(const_cast<void *>(base), bytes);
+}
+
+void TokenFile::read(int64_t begin, int64_t count, int64_t *out) const {
+  if (dtype == TokenDtype::U16)
+    widen(static_cast<const uint16_t *>(base), begin, count, out);
+  else
+    widen(static_cast<const uint32_t *>(base), begin, count, out);
+}
+
+Sampler::Sampler(SamplerKind kind, uint64_t seed, int64_t numTokens,
+                 int64_t seqLen, int64_t batchSize, int64_t gradAccum,
+                 int64_t dp)
+    : kind(kind), seed(seed), modulus(numTokens - seqLen - 1), seq(seqLen),
+      batch(batchSize), gradAccum(gradAccum), dp(dp) {
+  assert(modulus >= 1 && "TokenFile::open guarantees seqLen + 2 tokens");
+}
+
+int64_t Sampler::offset(int64_t step, int64_t sample) const {
+  using u128 = unsigned __int128;
+  if (kind == SamplerKind::Sequential) {
+    // 128 bits keep (s * G + i) * T exact for any step count.
+    u128 start = (u128(step) * globalBatch() + sample) * u128(seq);
+    return static_cast<int64_t>(start % u128(modulus));
+  }
+  uint64_t h = splitmix64(splitmix64(splitmix64(seed) ^ uint64_t(step)) ^
+                          uint64_t(sample));
+  // The high half of h * M is uniform over [0, M) up to a bias of M / 2^64.
+  return static_cast<int64_t>((u128(h) * u128(modulus)) >> 64);
+}
+
+void fastllm::rt::fillMicroBatch(const TokenFile &data, const Sampler &sampler,
+                                 int64_t step, int64_t rank, int64_t micro,
+                                 int64_t *tokens, int64_t *targets) {
+  int64_t seqLen = sampler.seqLen();
+  for (int64_t row = 0; row < sampler.batchSize(); ++row) {
+    int64_t start = sampler.offset(step, sampler.sampleIndex(rank, micro, row));
+    data.read(start, seqLen, tokens + row * seqLen);
+    data.read(start + 1, seqLen, targets + row * seqLen);
+  }
+}

@@ -1,0 +1,57 @@
+//===- Flags.h - the training binary's command line -------------*- C++ -*-===//
+//
+// The flags of `run/train` (DESIGN.md section 4). They are checked completely
+// before anything is read or written, so a typo costs an error message, not a
+// half-started run.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_RUNTIME_FLAGS_H
+#define FASTLLM_RUNTIME_FLAGS_H
+
+#include "runtime/Data.h"
+#include "runtime/ModelABI.h"
+#include "runtime/Optimizer.h"
+#include "runtime/Status.h"
+
+#include <cstdint>
+#include <string>
+
+namespace fastllm::rt {
+
+struct Options {
+  std::string dataPath;
+  TokenDtype dataDtype = TokenDtype::U16;
+  int64_t steps = 0;
+  double lr = 0;
+  AdamWConfig adamw;
+  double clipGradNorm = 0; ///< 0: no clipping
+  LrScheduleKind lrSchedule = LrScheduleKind::Constant;
+  int64_t warmupSteps = 0;
+  int64_t gradAccum = 1;
+  uint64_t seed = 0;
+  SamplerKind sampler = SamplerKind::Random;
+  std::string metricsPath;     ///< empty: no metrics file
+  std::string weightsPath;     ///< defaultWeightsPath() unless given
+  std::string dumpGradsPath;   ///< empty: no gradient dump
+  std::string saveWeightsPath; ///< empty: final weights not saved
+  bool allowNonfinite = false;
+  bool help = false; ///< --help was given; nothing else was checked
+};
+
+/// Parses `argv[1..argc)` for the model described by `plan`, which names the
+/// inputs that --input-tokens/--input-targets may only confirm.
+Expected<Options> parseFlags(int argc, const char *const *argv,
+                             const PlanInfo &plan);
+
+/// The --help text: every flag with its default, the schedule formulas and a
+/// summary of the model's plan.
+std::string helpText(const PlanInfo &plan);
+
+/// weights.safetensors in the folder of the running binary, where `compile`
+/// writes the model's initial weights.
+std::string defaultWeightsPath();
+
+} // namespace fastllm::rt
+
+#endif // FASTLLM_RUNTIME_FLAGS_H

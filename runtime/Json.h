@@ -1,0 +1,50 @@
+//===- Json.h - the JSON subset the runtime reads and writes ----*- C++ -*-===//
+//
+// Safetensors headers are JSON, and they come from files the user hands us:
+// the parser must reject anything malformed with a message, never crash, and
+// keep integers exact (byte offsets do not fit a double's mantissa in general).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_RUNTIME_JSON_H
+#define FASTLLM_RUNTIME_JSON_H
+
+#include "runtime/Status.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace fastllm::rt {
+
+struct JsonValue {
+  enum class Kind { Null, Bool, Number, String, Array, Object };
+  Kind kind = Kind::Null;
+  bool boolean = false;
+  /// A String's decoded contents, or a Number's literal as written, so that
+  /// integers are converted exactly by the reader that knows their range.
+  std::string text;
+  std::vector<JsonValue> array;
+  /// Members in file order; duplicate keys are rejected by the parser.
+  std::vector<std::pair<std::string, JsonValue>> object;
+
+  /// The member named `key` of an Object, or null.
+  const JsonValue *get(std::string_view key) const;
+  /// The value of a Number that is a non-negative integer within uint64_t.
+  std::optional<uint64_t> asUint64() const;
+};
+
+/// Parses one JSON document (surrounding whitespace allowed). Errors give the
+/// byte position; nesting deeper than 64 levels is an error, not a stack
+/// overflow.
+Expected<JsonValue> parseJson(std::string_view text);
+
+/// `s` as a JSON string literal, quotes included.
+std::string jsonQuote(std::string_view s);
+
+} // namespace fastllm::rt
+
+#endif // FASTLLM_RUNTIME_JSON_H

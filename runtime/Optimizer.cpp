@@ -1,0 +1,107 @@
+//===- Optimizer.cpp - AdamW, clipping, learning-rate schedules -----------===//
+
+#include "runtime/Optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+using namespace fastllm::rt;
+
+/// Elements per chunk: large enough to amortise scheduling, small enough to
+/// balance a few big embedding tables against many small vectors.
+constexpr int64_t kChunkElements = 1 << 15;
+
+AdamW::AdamW(const PlanInfo &plan, const AdamWConfig &config) : config(config) {
+  for (int32_t i = 0; i < plan.numParams; ++i) {
+    const ParamInfo &p = plan.params[i];
+    if (!p.trainable)
+      continue;
+    for (int64_t b = 0; b < p.numel; b += kChunkElements)
+      chunks.push_back({p.offset + b,
+                        p.offset + std::min(p.numel, b + kChunkElements),
+                        p.weightDecay != 0});
+  }
+}
+
+double AdamW::gradNorm(const float *grads) const {
+  int64_t n = chunks.size();
+  std::vector<double> partial(n);
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t c = 0; c < n; ++c) {
+    double sum = 0;
+    for (int64_t j = chunks[c].begin; j < chunks[c].end; ++j)
+      sum += double(grads[j]) * grads[j];
+    partial[c] = sum;
+  }
+  double total = 0;
+  for (double s : partial)
+    total += s;
+  return std::sqrt(total);
+}
+
+void AdamW::clipGradients(float *grads, double totalNorm,
+                          double maxNorm) const {
+  // torch computes `max_norm / (total_norm + 1e-6)` on an fp32 tensor, and
+  // Tensor.__rtruediv__ is reciprocal() * other.
+  float coef = (1.0f / (float(totalNorm) + 1e-6f)) * float(maxNorm);
+  if (!(coef < 1.0f))
+    return;
+  int64_t n = chunks.size();
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t c = 0; c < n; ++c)
+    for (int64_t j = chunks[c].begin; j < chunks[c].end; ++j)
+      grads[j] *= coef;
+}
+
+void AdamW::step(float *params, const float *grads, float *m, float *v,
+                 double lr, int64_t t) const {
+  // Scalars in double, as torch/optim/adamw.py computes them in Python...
+  double biasCorrection1 = 1 - std::pow(config.beta1, double(t));
+  double biasCorrection2 = 1 - std::pow(config.beta2, double(t));
+  double stepSize = lr / biasCorrection1;
+  // ...then rounded to float, as ATen's fp32 kernels take a Python scalar.
+  const float decay = float(1 - lr * config.weightDecay);
+  const float lerpWeight = float(1 - config.beta1);
+  const bool smallWeight = std::abs(lerpWeight) < 0.5f;
+  const float beta2 = float(config.beta2);
+  const float oneMinusBeta2 = float(1 - config.beta2);
+  const float correction2Sqrt = float(std::sqrt(biasCorrection2));
+  const float eps = float(config.eps);
+  const float negStepSize = float(-stepSize);
+  const bool anyDecay = config.weightDecay != 0;
+
+  int64_t n = chunks.size();
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t c = 0; c < n; ++c) {
+    const Chunk &chunk = chunks[c];
+    const bool decays = anyDecay && chunk.decay;
+    for (int64_t j = chunk.begin; j < chunk.end; ++j) {
+      float g = grads[j];
+      // param.mul_(1 - lr * weight_decay)
+      float p = decays ? params[j] * decay : params[j];
+      // exp_avg.lerp_(grad, 1 - beta1), in ATen's two-sided lerp form.
+      float mj = m[j];
+      mj = smallWeight ? mj + lerpWeight * (g - mj)
+                       : g - (g - mj) * (1.0f - lerpWeight);
+      // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+      float vj = v[j] * beta2;
+      vj = vj + oneMinusBeta2 * g * g;
+      // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+      float denom = std::sqrt(vj) / correction2Sqrt + eps;
+      // param.addcdiv_(exp_avg, denom, value=-step_size)
+      params[j] = p + negStepSize * mj / denom;
+      m[j] = mj;
+      v[j] = vj;
+    }
+  }
+}
+
+double LrSchedule::at(int64_t step) const {
+  if (step < warmupSteps)
+    return lr * double(step + 1) / double(warmupSteps);
+  if (kind == LrScheduleKind::Constant)
+    return lr;
+  double progress = double(step - warmupSteps) /
+                    double(std::max<int64_t>(1, totalSteps - warmupSteps));
+  return lr * 0.5 * (1 + std::cos(M_PI * progress));
+}

@@ -1,0 +1,311 @@
+//===- Safetensors.cpp - read and write safetensors files -----------------===//
+
+#include "runtime/Safetensors.h"
+
+#include "runtime/Json.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+using namespace fastllm::rt;
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors data is little-endian and is copied as is");
+
+namespace {
+
+/// The safetensors reference implementation refuses larger headers; so do we,
+/// before allocating for one.
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+
+/// Bytes per element of the dtypes the format defines.
+int dtypeSize(const std::string &dtype) {
+  static const std::pair<const char *, int> sizes[] = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
+  for (const auto &[name, size] : sizes)
+    if (dtype == name)
+      return size;
+  return 0;
+}
+
+std::string shapeString(const std::vector<int64_t> &shape,
+                        const char *separator = ", ") {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? separator : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/// The element count of `shape`, or nothing when it overflows.
+std::optional<uint64_t> numElements(const std::vector<int64_t> &shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, uint64_t(d), &n))
+      return std::nullopt;
+  return n;
+}
+
+/// pread until `size` bytes are in, so short reads are not mistaken for data.
+bool readAt(int fd, void *buf, uint64_t size, uint64_t offset) {
+  char *p = static_cast<char *>(buf);
+  while (size > 0) {
+    ssize_t got = pread(fd, p, size, offset);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got <= 0)
+      return false;
+    p += got;
+    size -= got;
+    offset += got;
+  }
+  return true;
+}
+
+bool writeAll(int fd, const void *buf, uint64_t size) {
+  const char *p = static_cast<const char *>(buf);
+  while (size > 0) {
+    ssize_t put = write(fd, p, size);
+    if (put < 0 && errno == EINTR)
+      continue;
+    if (put <= 0)
+      return false;
+    p += put;
+    size -= put;
+  }
+  return true;
+}
+
+/// Checks one header entry and converts it; `dataBytes` bounds its range.
+Expected<TensorEntry> parseEntry(const std::string &name, const JsonValue &v,
+                                 uint64_t dataBytes) {
+  auto bad = [&](const std::string &what) {
+    return Status::error("tensor '" + name + "' " + what);
+  };
+  if (v.kind != JsonValue::Kind::Object)
+    return bad("is not a JSON object");
+  TensorEntry e;
+  e.name = name;
+  const JsonValue *dtype = v.get("dtype");
+  if (!dtype || dtype->kind != JsonValue::Kind::String)
+    return bad("has no string \"dtype\"");
+  e.dtype = dtype->text;
+  int elementSize = dtypeSize(e.dtype);
+  if (!elementSize)
+    return bad("has unknown dtype \"" + e.dtype + "\"");
+  const JsonValue *shape = v.get("shape");
+  if (!shape || shape->kind != JsonValue::Kind::Array)
+    return bad("has no \"shape\" array");
+  for (const JsonValue &d : shape->array) {
+    std::optional<uint64_t> dim = d.asUint64();
+    if (!dim || *dim > uint64_t(INT64_MAX))
+      return bad("has a shape entry that is not a non-negative integer");
+    e.shape.push_back(int64_t(*dim));
+  }
+  const JsonValue *offsets = v.get("data_offsets");
+  std::optional<uint64_t> begin, end;
+  if (offsets && offsets->kind == JsonValue::Kind::Array &&
+      offsets->array.size() == 2) {
+    begin = offsets->array[0].asUint64();
+    end = offsets->array[1].asUint64();
+  }
+  if (!begin || !end)
+    return bad("has no \"data_offsets\" [begin, end] of non-negative integers");
+  e.begin = *begin;
+  e.end = *end;
+  if (e.begin > e.end || e.end > dataBytes)
+    return bad("has data_offsets [" + std::to_string(e.begin) + ", " +
+               std::to_string(e.end) + "], not a range within the " +
+               std::to_string(dataBytes) + " data bytes");
+  std::optional<uint64_t> numel = numElements(e.shape);
+  uint64_t bytes;
+  if (!numel || __builtin_mul_overflow(*numel, uint64_t(elementSize), &bytes) ||
+      bytes != e.end - e.begin)
+    return bad("has " + std::to_string(e.end - e.begin) +
+               " data bytes, which do not hold " + e.dtype + " of shape " +
+               shapeString(e.shape));
+  return e;
+}
+
+} // namespace
+
+Expected<SafetensorsReader> SafetensorsReader::open(const std::string &path) {
+  SafetensorsReader r;
+  r.path = path;
+  const char *file = path.c_str();
+  r.fd = ::open(file, O_RDONLY | O_CLOEXEC);
+  if (r.fd < 0)
+    return errorf("cannot open '%s': %s", file, std::strerror(errno));
+  struct stat st;
+  if (fstat(r.fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return errorf("'%s' is not a regular file", file);
+  uint64_t fileBytes = st.st_size;
+  uint64_t headerBytes;
+  if (fileBytes < 8 || !readAt(r.fd, &headerBytes, 8, 0))
+    return errorf("'%s' is not a safetensors file: it is too short", file);
+  if (headerBytes > fileBytes - 8 || headerBytes > kMaxHeaderBytes)
+    return errorf("'%s' is not a safetensors file: its header length %llu "
+                  "does not fit its %llu bytes",
+                  file, (unsigned long long)headerBytes,
+                  (unsigned long long)fileBytes);
+  std::string header(headerBytes, '\0');
+  if (!readAt(r.fd, header.data(), headerBytes, 8))
+    return errorf("cannot read '%s': %s", file, std::strerror(errno));
+  Expected<JsonValue> json = parseJson(header);
+  if (!json)
+    return errorf("'%s' has a malformed safetensors header: %s", file,
+                  json.status().message().c_str());
+  if (json->kind != JsonValue::Kind::Object)
+    return errorf("'%s' has a malformed safetensors header: not a JSON object",
+                  file);
+  r.dataStart = 8 + headerBytes;
+  for (const auto &[name, value] : json->object) {
+    if (name == "__metadata__") {
+      if (value.kind != JsonValue::Kind::Object)
+        return errorf("'%s': __metadata__ is not a JSON object", file);
+      continue;
+    }
+    Expected<TensorEntry> entry =
+        parseEntry(name, value, fileBytes - r.dataStart);
+    if (!entry)
+      return errorf("'%s': %s", file, entry.status().message().c_str());
+    r.entries.push_back(std::move(*entry));
+  }
+  return r;
+}
+
+SafetensorsReader::SafetensorsReader(SafetensorsReader &&other) noexcept {
+  *this = std::move(other);
+}
+
+SafetensorsReader &
+SafetensorsReader::operator=(SafetensorsReader &&other) noexcept {
+  std::swap(path, other.path);
+  std::swap(fd, other.fd);
+  std::swap(dataStart, other.dataStart);
+  std::swap(entries, other.entries);
+  return *this;
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd >= 0)
+    ::close(fd);
+}
+
+const TensorEntry *SafetensorsReader::find(const std::string &name) const {
+  for (const TensorEntry &e : entries)
+    if (e.name == name)
+      return &e;
+  return nullptr;
+}
+
+Status SafetensorsReader::readF32(const std::string &name,
+                                  const std::vector<int64_t> &shape,
+                                  float *out) const {
+  const char *file = path.c_str();
+  const TensorEntry *e = find(name);
+  if (!e)
+    return errorf("'%s' has no tensor '%s'", file, name.c_str());
+  if (e->dtype != "F32")
+    return errorf("'%s': tensor '%s' has dtype %s, expected F32", file,
+                  name.c_str(), e->dtype.c_str());
+  if (e->shape != shape)
+    return errorf("'%s': tensor '%s' has shape %s, expected %s", file,
+                  name.c_str(), shapeString(e->shape).c_str(),
+                  shapeString(shape).c_str());
+  if (!readAt(fd, out, e->end - e->begin, dataStart + e->begin))
+    return errorf("cannot read tensor '%s' from '%s'", name.c_str(), file);
+  return Status();
+}
+
+Status fastllm::rt::writeSafetensors(
+    const std::string &path, const std::vector<TensorRef> &tensors,
+    const std::vector<std::pair<std::string, std::string>> &metadata) {
+  std::string header = "{";
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    for (size_t i = 0; i < metadata.size(); ++i)
+      header += (i ? "," : "") + jsonQuote(metadata[i].first) + ":" +
+                jsonQuote(metadata[i].second);
+    header += "}";
+  }
+  uint64_t offset = 0;
+  for (const TensorRef &t : tensors) {
+    uint64_t bytes = *numElements(t.shape) * sizeof(float);
+    header += (header.size() > 1 ? "," : "") + jsonQuote(t.name) +
+              ":{\"dtype\":\"F32\",\"shape\":" + shapeString(t.shape, ",") +
+              ",\"data_offsets\":[" + std::to_string(offset) + "," +
+              std::to_string(offset + bytes) + "]}";
+    offset += bytes;
+  }
+  header += "}";
+  // Pad with spaces, as the reference writer does, so the data is aligned.
+  header.append((8 - header.size() % 8) % 8, ' ');
+  uint64_t headerBytes = header.size();
+
+  std::string tmp = path + ".tmp.XXXXXX";
+  int fd = mkstemp(tmp.data());
+  if (fd < 0)
+    return errorf("cannot create a temporary file beside '%s': %s",
+                  path.c_str(), std::strerror(errno));
+  auto fail = [&](bool closeFd) {
+    int err = errno;
+    if (closeFd)
+      ::close(fd);
+    unlink(tmp.c_str());
+    return errorf("cannot write '%s': %s", path.c_str(), std::strerror(err));
+  };
+  // mkstemp creates 0600; the result should look like any file we create.
+  mode_t mask = umask(0);
+  umask(mask);
+  if (fchmod(fd, 0666 & ~mask) != 0 || !writeAll(fd, &headerBytes, 8) ||
+      !writeAll(fd, header.data(), headerBytes))
+    return fail(true);
+  for (const TensorRef &t : tensors)
+    if (!writeAll(fd, t.data, *numElements(t.shape) * sizeof(float)))
+      return fail(true);
+  if (fsync(fd) != 0)
+    return fail(true);
+  if (::close(fd) != 0 || std::rename(tmp.c_str(), path.c_str()) != 0)
+    return fail(false);
+  // Make the rename itself durable; a folder that cannot be synced (some
+  // network filesystems) still holds a complete file.
+  std::string dir = path.substr(0, path.find_last_of('/') + 1);
+  int dirFd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dirFd >= 0) {
+    fsync(dirFd);
+    ::close(dirFd);
+  }
+  return Status();
+}
+
+Status fastllm::rt::loadParams(const std::string &path, const PlanInfo &plan,
+                               float *params) {
+  Expected<SafetensorsReader> reader = SafetensorsReader::open(path);
+  if (!reader)
+    return reader.status();
+  for (int32_t i = 0; i < plan.numParams; ++i) {
+    const ParamInfo &p = plan.params[i];
+    std::vector<int64_t> shape(p.shape, p.shape + p.rank);
+    if (Status s = reader->readF32(p.name, shape, params + p.offset); !s.ok())
+      return s;
+  }
+  return Status();
+}
+
+Status fastllm::rt::saveParams(const std::string &path, const PlanInfo &plan,
+                               const float *flat, bool trainableOnly) {
+  std::vector<TensorRef> tensors;
+  for (int32_t i = 0; i < plan.numParams; ++i) {
+    const ParamInfo &p = plan.params[i];
+    if (p.trainable || !trainableOnly)
+      tensors.push_back({p.name,
+                         std::vector<int64_t>(p.shape, p.shape + p.rank),
+                         flat + p.offset});
+  }
+  return writeSafetensors(path, tensors, {{"format", "pt"}});
+}

@@ -1,0 +1,82 @@
+//===- Safetensors.h - read and write safetensors files ---------*- C++ -*-===//
+//
+// Weights come in and go out as safetensors (an 8-byte little-endian header
+// length, a JSON header naming each tensor's dtype, shape and byte range, then
+// the raw data), so PyTorch tests and users can read them with the
+// `safetensors` package. Headers come from user files: every field is checked
+// before any byte of data is trusted.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_RUNTIME_SAFETENSORS_H
+#define FASTLLM_RUNTIME_SAFETENSORS_H
+
+#include "runtime/ModelABI.h"
+#include "runtime/Status.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fastllm::rt {
+
+/// One tensor as the header describes it.
+struct TensorEntry {
+  std::string name;
+  std::string dtype; ///< "F32", "BF16", "I64", ...
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0; ///< byte range within the data section
+};
+
+/// An open safetensors file with its validated header.
+class SafetensorsReader {
+public:
+  static Expected<SafetensorsReader> open(const std::string &path);
+
+  SafetensorsReader(SafetensorsReader &&other) noexcept;
+  SafetensorsReader &operator=(SafetensorsReader &&other) noexcept;
+  SafetensorsReader(const SafetensorsReader &) = delete;
+  SafetensorsReader &operator=(const SafetensorsReader &) = delete;
+  ~SafetensorsReader();
+
+  const std::vector<TensorEntry> &tensors() const { return entries; }
+  const TensorEntry *find(const std::string &name) const;
+  /// Reads `name`, which must be F32 of exactly `shape`, into `out`.
+  Status readF32(const std::string &name, const std::vector<int64_t> &shape,
+                 float *out) const;
+
+private:
+  SafetensorsReader() = default;
+  std::string path;
+  int fd = -1;
+  uint64_t dataStart = 0;
+  std::vector<TensorEntry> entries;
+};
+
+/// A float tensor to write.
+struct TensorRef {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float *data;
+};
+
+/// Writes F32 tensors to `path` through a temporary file in the same folder
+/// that is fsynced and renamed over it: readers see the old file or the
+/// complete new one, never a torn write.
+Status writeSafetensors(
+    const std::string &path, const std::vector<TensorRef> &tensors,
+    const std::vector<std::pair<std::string, std::string>> &metadata = {});
+
+/// Fills the flat params array with every parameter of the plan, trainable or
+/// frozen: each must be in the file as F32 with the plan's shape.
+Status loadParams(const std::string &path, const PlanInfo &plan, float *params);
+
+/// Writes the plan's parameters (or only the trainable ones) from a flat
+/// array laid out like params: the weights themselves, or their gradients.
+Status saveParams(const std::string &path, const PlanInfo &plan,
+                  const float *flat, bool trainableOnly);
+
+} // namespace fastllm::rt
+
+#endif // FASTLLM_RUNTIME_SAFETENSORS_H

@@ -1,0 +1,526 @@
+//===- Kernels.h - CPU kernels called by generated training code -*- C++ -*-===//
+//
+// The kernel library behind the CPU target: `fastllm-opt` emits one C++ call
+// per op (or per fused chain of elementwise ops) with shapes known at compile
+// time. Every buffer is row-major, contiguous and preallocated by the caller;
+// an output never aliases an input unless a kernel says so.
+//
+// Threading is OpenMP only. OpenBLAS is kept single-threaded and matmul splits
+// its work over the OpenMP team itself, so that two thread pools never spin
+// against each other on a small machine. Every kernel computes each output
+// element in an order fixed by the shapes alone, so results do not depend on
+// the number of threads.
+//
+// Templates that take a caller's lambda (elementwise) or are trivial live
+// here; the rest are defined in Kernels.cpp and explicitly instantiated for
+// the element types listed beside each declaration.
+//
+// Generated code should be compiled with -O2 or better, -fopenmp and
+// -march=native: the fused elementwise loops are instantiated in its own
+// translation unit and vectorize only as wide as its flags allow.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_RUNTIME_CPU_KERNELS_H
+#define FASTLLM_RUNTIME_CPU_KERNELS_H
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace fastllm::rt::cpu {
+
+//===----------------------------------------------------------------------===//
+// Threading
+//===----------------------------------------------------------------------===//
+
+/// Below this many elements a kernel stays on the calling thread: waking the
+/// OpenMP team costs microseconds, more than splitting such work saves.
+inline constexpr int64_t kParallelGrain = 32768;
+
+/// The largest rank the strided kernels accept.
+inline constexpr int kMaxRank = 8;
+
+/// The number of threads worth using for a kernel touching `work` elements.
+inline int numThreadsFor(int64_t work) {
+#ifdef _OPENMP
+  if (work < kParallelGrain || omp_in_parallel())
+    return 1;
+  return omp_get_max_threads();
+#else
+  (void)work;
+  return 1;
+#endif
+}
+
+/// Calls body(chunk) once for every chunk in [0, numChunks), spread over
+/// `numThreads` OpenMP threads in contiguous static ranges.
+template <typename Body>
+inline void parallelChunks(int64_t numChunks, int numThreads, Body &&body) {
+#ifdef _OPENMP
+  if (numThreads > 1 && numChunks > 1) {
+#pragma omp parallel for schedule(static) num_threads(numThreads)
+    for (int64_t c = 0; c < numChunks; ++c)
+      body(c);
+    return;
+  }
+#else
+  (void)numThreads;
+#endif
+  for (int64_t c = 0; c < numChunks; ++c)
+    body(c);
+}
+
+/// Calls body(begin, end) on [0, n) cut into one contiguous range per thread
+/// (a single call when `work` elements are too few to share).
+template <typename Body>
+inline void parallelFor(int64_t n, int64_t work, Body &&body) {
+  if (n <= 0)
+    return;
+  int64_t threads = std::min<int64_t>(numThreadsFor(work), n);
+  if (threads <= 1)
+    return body(int64_t(0), n);
+  parallelChunks(threads, static_cast<int>(threads), [&](int64_t c) {
+    body(n * c / threads, n * (c + 1) / threads);
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Scalar math for elementwise lambdas
+//===----------------------------------------------------------------------===//
+//
+// std::exp, std::tanh and std::erf are opaque library calls, so a loop that
+// uses them stays scalar unless a vector math library is configured. These
+// versions are plain arithmetic and selects: loops calling them vectorize with
+// any flags. Each is within a few ulp of the libm function (KernelsTest checks
+// the bounds), which is as close as ATen's own vectorized versions come.
+
+/// e^x with Cephes' polynomial after Cody-Waite reduction; relative error
+/// below 3e-7. Results below FLT_MIN flush to zero; ±inf and NaN behave as in
+/// std::exp.
+inline float fastExp(float x) {
+  constexpr float kLo = -87.33654f; // log(FLT_MIN)
+  constexpr float kHi = 88.72284f;  // log(FLT_MAX)
+  // Written as compares so that NaN maps to kLo and the rest stays finite.
+  float xc = x > kLo ? (x < kHi ? x : kHi) : kLo;
+  // n = round(x / ln 2) by truncation, which vectorizes on any x86-64.
+  float t = xc * 1.44269504088896341f;
+  int32_t n = static_cast<int32_t>(t + (t < 0.f ? -0.5f : 0.5f));
+  n = n < 127 ? n : 127;
+  float fn = static_cast<float>(n);
+  float r = (xc - fn * 0.693359375f) - fn * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.f;
+  uint32_t bits = static_cast<uint32_t>(n + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  float y = p * scale;
+  y = x < kLo ? 0.f : y;
+  y = x > kHi ? std::numeric_limits<float>::infinity() : y;
+  return x == x ? y : x;
+}
+
+/// tanh(x) as Eigen's rational approximation: x·P(x²)/Q(x²), odd, so small
+/// arguments keep full relative accuracy.
+inline float fastTanh(float x) {
+  // std::min/max in this order propagate NaN.
+  float c = std::max(std::min(x, 7.90531110763549805f), -7.90531110763549805f);
+  float c2 = c * c;
+  float p = -2.76076847742355e-16f;
+  p = p * c2 + 2.00018790482477e-13f;
+  p = p * c2 + -8.60467152213735e-11f;
+  p = p * c2 + 5.12229709037114e-08f;
+  p = p * c2 + 1.48572235717979e-05f;
+  p = p * c2 + 6.37261928875436e-04f;
+  p = p * c2 + 4.89352455891786e-03f;
+  float q = 1.19825839466702e-06f;
+  q = q * c2 + 1.18534705686654e-04f;
+  q = q * c2 + 2.26843463243900e-03f;
+  q = q * c2 + 4.89352518554385e-03f;
+  return c * p / q;
+}
+
+/// erf(x) as Eigen's rational approximation; absolute error about 1e-7 (erf
+/// is ±1 in float beyond |x| = 4).
+inline float fastErf(float x) {
+  float c = std::max(std::min(x, 4.f), -4.f);
+  float c2 = c * c;
+  float p = -2.72614225801306e-10f;
+  p = p * c2 + 2.77068142495902e-08f;
+  p = p * c2 + -2.10102402082508e-06f;
+  p = p * c2 + -5.69250639462346e-05f;
+  p = p * c2 + -7.34990630326855e-04f;
+  p = p * c2 + -2.95459980854025e-03f;
+  p = p * c2 + -1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * c2 + -2.13374055278905e-04f;
+  q = q * c2 + -1.68282697438203e-03f;
+  q = q * c2 + -7.37332916720468e-03f;
+  q = q * c2 + -1.42647390514189e-02f;
+  return c * p / q;
+}
+
+inline float sigmoid(float x) { return 1.f / (1.f + fastExp(-x)); }
+
+/// x·sigmoid(x), in PyTorch's form x / (1 + e^-x).
+inline float silu(float x) { return x / (1.f + fastExp(-x)); }
+
+/// GELU: x·Φ(x) (erf form), or PyTorch's approximate='tanh' form
+/// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+inline float gelu(float x, bool tanhApprox) {
+  if (tanhApprox) {
+    float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.f + fastTanh(inner));
+  }
+  return 0.5f * x * (1.f + fastErf(x * 0.7071067811865476f));
+}
+
+/// g · d/dx gelu(x, tanhApprox): the exact derivative of the form chosen,
+/// Φ(x) + x·φ(x) for erf, as in ATen's GeluBackward.
+inline float geluGrad(float x, float g, bool tanhApprox) {
+  if (tanhApprox) {
+    constexpr float kBeta = 0.7978845608028654f; // √(2/π)
+    constexpr float kKappa = 0.044715f;
+    float x2 = x * x;
+    float th = fastTanh(kBeta * (x + kKappa * x2 * x));
+    float left = 0.5f * x;
+    float right = 1.f + th;
+    float dLeft = 0.5f * right;
+    float dRight = left * (1.f - th * th) * kBeta * (1.f + 3.f * kKappa * x2);
+    return g * (dLeft + dRight);
+  }
+  float cdf = 0.5f * (1.f + fastErf(x * 0.7071067811865476f));
+  float pdf = 0.3989422804014327f * fastExp(-0.5f * x * x);
+  return g * (cdf + x * pdf);
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise with broadcasting
+//===----------------------------------------------------------------------===//
+
+/// One input of elementwise: `strides` (in elements) step through the
+/// input for each dim of the output; 0 broadcasts the input along that dim.
+template <typename T> struct In {
+  const T *data;
+  const int64_t *strides;
+};
+
+namespace detail {
+
+/// Elements per innermost block in elementwise: small enough that a few
+/// block buffers per operand stay in L1.
+inline constexpr int64_t kBlock = 512;
+
+/// Drops the size-1 dims of `shape` and merges each dim into the one before
+/// when every operand steps through the pair as through one dim (a
+/// contiguous output always does). Updates shape and strides in place and
+/// returns the new rank.
+inline int collapseDims(int rank, int64_t *shape, int numOperands,
+                        int64_t (*strides)[kMaxRank]) {
+  int r = 0;
+  for (int d = 0; d < rank; ++d) {
+    if (shape[d] == 1)
+      continue;
+    bool merge = r > 0;
+    for (int k = 0; merge && k < numOperands; ++k)
+      merge = strides[k][r - 1] == strides[k][d] * shape[d];
+    if (merge) {
+      shape[r - 1] *= shape[d];
+      for (int k = 0; k < numOperands; ++k)
+        strides[k][r - 1] = strides[k][d];
+      continue;
+    }
+    shape[r] = shape[d];
+    for (int k = 0; k < numOperands; ++k)
+      strides[k][r] = strides[k][d];
+    ++r;
+  }
+  return r;
+}
+
+/// Presents one input of elementwise as a contiguous array per block, so that
+/// the loop calling the lambda is a single unit-stride loop whatever the
+/// broadcasting: unit-stride inputs are read in place, a broadcast value is
+/// splatted into a buffer once per distinct value, and other strides are
+/// gathered into the buffer.
+template <typename T> class BlockSource {
+public:
+  BlockSource(const T *data, int64_t stride) : data(data), stride(stride) {}
+
+  const T *block(int64_t offset, int64_t begin, int64_t len) {
+    const T *p = data + offset;
+    if (stride == 1)
+      return p + begin;
+    if (stride == 0) {
+      if (p != splatted) {
+        std::fill_n(buffer, kBlock, *p);
+        splatted = p;
+      }
+      return buffer;
+    }
+    for (int64_t i = 0; i < len; ++i)
+      buffer[i] = p[(begin + i) * stride];
+    return buffer;
+  }
+
+private:
+  const T *data;
+  int64_t stride;
+  const T *splatted = nullptr;
+  alignas(64) T buffer[kBlock];
+};
+
+/// The hot loop: unit stride everywhere, so it vectorizes when `f` does. An
+/// output equal to an input (in-place update) is fine; partial overlap is not.
+template <typename Out, typename F, typename... T>
+inline void applyBlock(Out *out, int64_t len, F &f, const T *...in) {
+  for (int64_t i = 0; i < len; ++i)
+    out[i] = static_cast<Out>(f(in[i]...));
+}
+
+/// Runs the blocks [begin, end) of a collapsed elementwise iteration: blocks
+/// are numbered row by row, `blocksPerRow` per innermost row.
+template <typename Out, typename F, size_t... I, typename... T>
+void elementwiseBlocks(Out *out, F &f, int rank, const int64_t *shape,
+                       const int64_t (*strides)[kMaxRank],
+                       int64_t blocksPerRow, int64_t begin, int64_t end,
+                       std::index_sequence<I...>, In<T>... ins) {
+  const int64_t n = shape[rank - 1];
+  std::tuple<BlockSource<T>...> sources{
+      BlockSource<T>(ins.data, strides[I][rank - 1])...};
+  int64_t row = begin / blocksPerRow, blk = begin % blocksPerRow;
+  int64_t index[kMaxRank];
+  int64_t offset[sizeof...(T) + 1] = {};
+  for (int64_t d = rank - 2, rest = row; d >= 0; --d) {
+    index[d] = rest % shape[d];
+    rest /= shape[d];
+    ((offset[I] += index[d] * strides[I][d]), ...);
+  }
+  for (int64_t u = begin; u < end; ++u) {
+    int64_t first = blk * kBlock, len = std::min(kBlock, n - first);
+    applyBlock(out + row * n + first, len, f,
+               std::get<I>(sources).block(offset[I], first, len)...);
+    if (++blk < blocksPerRow)
+      continue;
+    blk = 0;
+    ++row;
+    for (int d = rank - 2; d >= 0; --d) {
+      ((offset[I] += strides[I][d]), ...);
+      if (++index[d] < shape[d])
+        break;
+      ((offset[I] -= strides[I][d] * shape[d]), ...);
+      index[d] = 0;
+    }
+  }
+}
+
+} // namespace detail
+
+/// out[i] = f(in0[i·s0], in1[i·s1], ...) over the output's multi-index i,
+/// for every unary/binary/select/compare/cast op and fused chains of them.
+/// `out` is contiguous with `shape`; rank may be 0 (a scalar). `out` may be
+/// one of the inputs when that input is contiguous with the output's shape.
+template <typename Out, typename F, typename... T>
+void elementwise(Out *out, int rank, const int64_t *shape, F f,
+                 In<T>... ins) {
+  constexpr int kNumIn = sizeof...(T);
+  assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
+  int64_t dims[kMaxRank];
+  int64_t strides[kNumIn + 1][kMaxRank];
+  const int64_t *inStrides[kNumIn + 1] = {ins.strides...};
+  int64_t total = 1;
+  for (int d = 0; d < rank; ++d) {
+    dims[d] = shape[d];
+    total *= shape[d];
+    for (int k = 0; k < kNumIn; ++k)
+      strides[k][d] = inStrides[k][d];
+  }
+  if (total == 0)
+    return;
+  int r = detail::collapseDims(rank, dims, kNumIn, strides);
+  if (r == 0) {
+    out[0] = static_cast<Out>(f(ins.data[0]...));
+    return;
+  }
+  const int64_t blocksPerRow = (dims[r - 1] + detail::kBlock - 1) /
+                               detail::kBlock;
+  const int64_t numBlocks = total / dims[r - 1] * blocksPerRow;
+  parallelFor(numBlocks, total, [&](int64_t begin, int64_t end) {
+    detail::elementwiseBlocks(out, f, r, dims, strides, blocksPerRow, begin,
+                              end, std::index_sequence_for<T...>{}, ins...);
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Matmul
+//===----------------------------------------------------------------------===//
+
+/// Batched C = op(A) @ op(B), with C contiguous [batch..., m, n]. For each
+/// batch multi-index idx (row-major over batchShape) the matrix of A starts at
+/// a + Σ idx·aBatchStrides and is [m, k] ([k, m] when transA), row-major;
+/// likewise B is [k, n] ([n, k] when transB). A zero batch stride broadcasts.
+void matmul(float *c, const float *a, const float *b, int batchRank,
+            const int64_t *batchShape, const int64_t *aBatchStrides,
+            const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
+            bool transA, bool transB);
+
+//===----------------------------------------------------------------------===//
+// Data movement
+//===----------------------------------------------------------------------===//
+//
+// Defined for T in float, double, bool, int8_t, uint8_t, int16_t, uint16_t,
+// int32_t and int64_t; Idx in int32_t and int64_t.
+
+/// out dim i = in dim perm[i].
+template <typename T>
+void transpose(T *out, const T *in, int rank, const int64_t *inShape,
+               const int64_t *perm);
+
+/// out[i] = in[start + i·stride] per dim; `start` holds in-range first
+/// indices and `stride` may be negative.
+template <typename T>
+void slice(T *out, const T *in, int rank, const int64_t *inShape,
+           const int64_t *start, const int64_t *stride,
+           const int64_t *outShape);
+
+/// The gradient of slice: zeroes din ([inShape]) and writes dout at the slice.
+template <typename T>
+void sliceGrad(T *din, const T *dout, int rank, const int64_t *inShape,
+               const int64_t *start, const int64_t *stride,
+               const int64_t *outShape);
+
+/// Concatenates along the middle dim: input i is [outer, sizes[i], inner],
+/// out is [outer, Σ sizes, inner].
+template <typename T>
+void concat(T *out, int numInputs, const T *const *ins, const int64_t *sizes,
+            int64_t outer, int64_t inner);
+
+/// out[o][j][i] = in[o][idx[j]][i] with in [outer, dimSize, inner]; a
+/// negative index counts from the end.
+template <typename T, typename Idx>
+void gather(T *out, const T *in, const Idx *idx, int64_t outer,
+            int64_t dimSize, int64_t numIdx, int64_t inner);
+
+/// The gradient of gather: din = 0, then din[o][idx[j]][i] += dout[o][j][i],
+/// adding repeated indices in order of j. T is float or double.
+template <typename T, typename Idx>
+void gatherGrad(T *din, const T *dout, const Idx *idx, int64_t outer,
+                int64_t dimSize, int64_t numIdx, int64_t inner);
+
+template <typename T> void fill(T *out, int64_t n, T value) {
+  parallelFor(n, n, [&](int64_t begin, int64_t end) {
+    std::fill(out + begin, out + end, value);
+  });
+}
+
+template <typename T> void copy(T *out, const T *in, int64_t n) {
+  parallelFor(n, n, [&](int64_t begin, int64_t end) {
+    std::memcpy(out + begin, in + begin, (end - begin) * sizeof(T));
+  });
+}
+
+/// acc += x; accumulates parameter gradients.
+template <typename T> void addInto(T *acc, const T *x, int64_t n) {
+  parallelFor(n, n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      acc[i] += x[i];
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions, softmax, normalisation
+//===----------------------------------------------------------------------===//
+
+enum class ReduceKind { Sum, Mean, Max };
+
+/// Reduces the dims flagged in `reducedDims`; out holds the kept dims in
+/// order (keepdims or not, the memory is the same). Floats accumulate sums
+/// in double, integers in int64_t; Max propagates NaN. Reducing an empty dim
+/// gives 0 (Sum), NaN (Mean) or the lowest value (Max). T is float, double,
+/// int32_t or int64_t.
+template <typename T>
+void reduce(T *out, const T *in, int rank, const int64_t *shape,
+            const bool *reducedDims, ReduceKind kind);
+
+/// Softmax (or log-softmax) of x viewed as [outer, n, inner] along n. Entries
+/// of -inf get probability 0; a slice that is all -inf gives NaN, as in
+/// PyTorch.
+void softmax(float *y, const float *x, int64_t outer, int64_t n,
+             int64_t inner, bool log);
+
+/// Given y = softmax(x) (or log_softmax(x)) and dy, dx = y·(dy - Σ dy·y)
+/// (or dy - e^y·Σ dy).
+void softmaxGrad(float *dx, const float *y, const float *dy, int64_t outer,
+                 int64_t n, int64_t inner, bool log);
+
+/// y = (x - mean)/√(var + eps)·scale + bias over rows of `cols`, with the
+/// biased variance as in PyTorch; bias may be null.
+void layerNorm(float *y, const float *x, const float *scale,
+               const float *bias, int64_t rows, int64_t cols, float eps);
+
+/// The gradient of layerNorm; mean and variance are recomputed from x.
+/// dscale and dbias (nullable) are overwritten with sums over rows.
+void layerNormGrad(float *dx, float *dscale, float *dbias, const float *x,
+                   const float *scale, const float *dy, int64_t rows,
+                   int64_t cols, float eps);
+
+/// y = x/√(mean(x²) + eps)·scale over rows of `cols`.
+void rmsNorm(float *y, const float *x, const float *scale, int64_t rows,
+             int64_t cols, float eps);
+
+/// The gradient of rmsNorm; dscale is overwritten with its sum over rows.
+void rmsNormGrad(float *dx, float *dscale, const float *x, const float *scale,
+                 const float *dy, int64_t rows, int64_t cols, float eps);
+
+//===----------------------------------------------------------------------===//
+// Losses
+//===----------------------------------------------------------------------===//
+//
+// The class dim is last: inputs are [rows, classes], targets [rows]. A target
+// equal to ignoreIndex (when hasIgnore) contributes no loss and no gradient,
+// and Mean divides by the number of other targets, as
+// F.cross_entropy(ignore_index=...) does (NaN when there are none). Loss sums
+// accumulate in double. Idx is int32_t or int64_t.
+
+enum class Reduction { None, Sum, Mean };
+
+/// loss is a scalar for Sum and Mean, [rows] for None.
+template <typename Idx>
+void crossEntropy(float *loss, const float *logits, const Idx *targets,
+                  int64_t rows, int64_t classes, bool hasIgnore,
+                  int64_t ignoreIndex, Reduction r);
+
+/// dloss is a scalar for Sum and Mean, [rows] for None.
+template <typename Idx>
+void crossEntropyGrad(float *dlogits, const float *logits, const Idx *targets,
+                      const float *dloss, int64_t rows, int64_t classes,
+                      bool hasIgnore, int64_t ignoreIndex, Reduction r);
+
+/// Negative log-likelihood of log-probabilities `input`.
+template <typename Idx>
+void nllLoss(float *loss, const float *input, const Idx *targets,
+             int64_t rows, int64_t classes, bool hasIgnore,
+             int64_t ignoreIndex, Reduction r);
+
+template <typename Idx>
+void nllLossGrad(float *dinput, const Idx *targets, const float *dloss,
+                 int64_t rows, int64_t classes, bool hasIgnore,
+                 int64_t ignoreIndex, Reduction r);
+
+} // namespace fastllm::rt::cpu
+
+#endif // FASTLLM_RUNTIME_CPU_KERNELS_H

@@ -1,0 +1,282 @@
+//===- SafetensorsTest.cpp - safetensors files and their JSON headers -----===//
+//
+// Weight files come from users and from PyTorch: what we write must be the
+// format the `safetensors` package reads, and a damaged header must give an
+// error naming the problem, never a crash or an out-of-range read.
+//
+//===----------------------------------------------------------------------===//
+
+#include "FakeModel.h"
+#include "TestUtil.h"
+
+#include "runtime/Json.h"
+#include "runtime/Safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+using namespace fastllm::rt;
+using namespace fastllm::rt::test;
+
+namespace {
+
+/// A file with `header` as its JSON header and `dataBytes` zero bytes of data.
+std::string rawFile(const std::string &header, size_t dataBytes) {
+  uint64_t size = header.size();
+  std::string bytes(reinterpret_cast<const char *>(&size), 8);
+  return bytes + header + std::string(dataBytes, '\0');
+}
+
+std::string openError(const std::string &path) {
+  Expected<SafetensorsReader> r = SafetensorsReader::open(path);
+  EXPECT_FALSE(r.ok());
+  return r.ok() ? "" : r.status().message();
+}
+
+TEST(Json, ParsesTheHeaderSubset) {
+  Expected<JsonValue> v = parseJson(
+      R"( {"a\"b": {"dtype": "F32", "shape": [2, 0], "n": -1.5e3},
+           "u": "\u00e9\ud83d\ude00\n", "t": [true, false, null]} )");
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  const JsonValue *a = v->get("a\"b");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->get("dtype")->text, "F32");
+  EXPECT_EQ(a->get("shape")->array[0].asUint64(), 2u);
+  EXPECT_EQ(a->get("shape")->array[1].asUint64(), 0u);
+  EXPECT_EQ(a->get("n")->kind, JsonValue::Kind::Number);
+  EXPECT_FALSE(a->get("n")->asUint64());
+  EXPECT_EQ(v->get("u")->text, "\xc3\xa9\xf0\x9f\x98\x80\n");
+  EXPECT_TRUE(v->get("t")->array[0].boolean);
+  EXPECT_EQ(v->get("t")->array[2].kind, JsonValue::Kind::Null);
+  EXPECT_EQ(parseJson("18446744073709551615")->asUint64(), UINT64_MAX);
+  EXPECT_FALSE(parseJson("18446744073709551616")->asUint64());
+  EXPECT_EQ(jsonQuote("a\"\\\x01"), "\"a\\\"\\\\\\u0001\"");
+}
+
+TEST(Json, RejectsMalformedText) {
+  for (const char *bad :
+       {"", "{", "{\"a\":}", "{\"a\" 1}", "[1,]", "[1 2]", "{\"a\":1,}",
+        "\"abc", "\"\\x\"", "\"\\ud800\"", "\"a\nb\"", "01", "-", "1.", "1e",
+        "tru", "{} x", "{\"a\":1,\"a\":2}", "{1:2}"})
+    EXPECT_FALSE(parseJson(bad).ok()) << bad;
+  Expected<JsonValue> deep = parseJson(std::string(100000, '['));
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(deep.status().message(), "JSON nested too deeply at byte 65");
+  EXPECT_EQ(parseJson("[1,]").status().message(), "invalid value at byte 3");
+}
+
+TEST(Safetensors, RoundTripsTensorsAndMetadata) {
+  TempDir dir;
+  std::vector<float> matrix = {1, -2, 3.5f, 4, 5, 6};
+  float scalar = 0.25f;
+  std::string path = dir.file("t.safetensors");
+  ASSERT_TRUE(writeSafetensors(path,
+                               {{"layer.0/w\"q", {2, 3}, matrix.data()},
+                                {"s", {}, &scalar},
+                                {"empty", {0, 4}, nullptr}},
+                               {{"format", "pt"}})
+                  .ok());
+  // Only the final file remains: the temporary one was renamed over it.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()),
+                          std::filesystem::directory_iterator()),
+            1);
+
+  std::string bytes = readBytes(path);
+  uint64_t headerBytes;
+  std::memcpy(&headerBytes, bytes.data(), 8);
+  EXPECT_EQ(headerBytes % 8, 0u);
+  EXPECT_EQ(bytes.size(), 8 + headerBytes + 7 * sizeof(float));
+  Expected<JsonValue> header = parseJson(bytes.substr(8, headerBytes));
+  ASSERT_TRUE(header.ok());
+  EXPECT_EQ(header->get("__metadata__")->get("format")->text, "pt");
+
+  Expected<SafetensorsReader> r = SafetensorsReader::open(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->tensors().size(), 3u);
+  const TensorEntry *w = r->find("layer.0/w\"q");
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->dtype, "F32");
+  EXPECT_EQ(w->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(w->end - w->begin, 24u);
+  std::vector<float> back(6);
+  ASSERT_TRUE(r->readF32("layer.0/w\"q", {2, 3}, back.data()).ok());
+  EXPECT_EQ(back, matrix);
+  float s = 0;
+  ASSERT_TRUE(r->readF32("s", {}, &s).ok());
+  EXPECT_EQ(s, 0.25f);
+  EXPECT_TRUE(r->readF32("empty", {0, 4}, nullptr).ok());
+}
+
+TEST(Safetensors, OverwritesWholeFilesAndReportsUnwritableOnes) {
+  TempDir dir;
+  std::string path = dir.file("t.safetensors");
+  std::vector<float> big(1000, 1.0f), small = {2.0f};
+  ASSERT_TRUE(writeSafetensors(path, {{"x", {1000}, big.data()}}).ok());
+  ASSERT_TRUE(writeSafetensors(path, {{"x", {1}, small.data()}}).ok());
+  Expected<SafetensorsReader> r = SafetensorsReader::open(path);
+  ASSERT_TRUE(r.ok());
+  float x;
+  ASSERT_TRUE(r->readF32("x", {1}, &x).ok());
+  EXPECT_EQ(x, 2.0f);
+
+  Status s = writeSafetensors(dir.file("no/such/folder/t.safetensors"),
+                              {{"x", {1}, small.data()}});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cannot create a temporary file beside"),
+            std::string::npos);
+}
+
+TEST(Safetensors, RejectsTruncatedFiles) {
+  TempDir dir;
+  std::string path = dir.file("t.safetensors");
+  writeBytes(path, "abc");
+  EXPECT_EQ(openError(path),
+            "'" + path + "' is not a safetensors file: it is too short");
+  std::string file = rawFile("{}", 0);
+  writeBytes(path, file.substr(0, 9));
+  EXPECT_EQ(openError(path), "'" + path +
+                                 "' is not a safetensors file: its header "
+                                 "length 2 does not fit its 9 bytes");
+  // A header length from a text file: 8 ASCII bytes are a huge number.
+  writeBytes(path, "hello world, this is not safetensors");
+  EXPECT_NE(openError(path).find("does not fit"), std::string::npos);
+  // Data cut short: the tensor's range now ends past the file.
+  std::vector<float> v(4, 1.0f);
+  ASSERT_TRUE(writeSafetensors(path, {{"x", {4}, v.data()}}).ok());
+  std::string whole = readBytes(path);
+  writeBytes(path, whole.substr(0, whole.size() - 1));
+  EXPECT_EQ(openError(path), "'" + path +
+                                 "': tensor 'x' has data_offsets [0, 16], "
+                                 "not a range within the 15 data bytes");
+}
+
+TEST(Safetensors, RejectsMalformedHeaders) {
+  TempDir dir;
+  std::string path = dir.file("t.safetensors");
+  struct Case {
+    const char *header;
+    const char *error;
+  } cases[] = {
+      {R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4])",
+       "malformed safetensors header: expected ',' or '}' at byte 59"},
+      {"[1, 2]", "malformed safetensors header: not a JSON object"},
+      {R"({"x": 3})", "tensor 'x' is not a JSON object"},
+      {R"({"x": {"shape": [1], "data_offsets": [0, 4]}})",
+       "tensor 'x' has no string \"dtype\""},
+      {R"({"x": {"dtype": "F31", "shape": [1], "data_offsets": [0, 4]}})",
+       "tensor 'x' has unknown dtype \"F31\""},
+      {R"({"x": {"dtype": "F32", "data_offsets": [0, 4]}})",
+       "tensor 'x' has no \"shape\" array"},
+      {R"({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})",
+       "tensor 'x' has a shape entry that is not a non-negative integer"},
+      {R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0]}})",
+       "tensor 'x' has no \"data_offsets\" [begin, end] of non-negative "
+       "integers"},
+      {R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}})",
+       "tensor 'x' has data_offsets [8, 4], not a range within the 16 data "
+       "bytes"},
+      {R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 20]}})",
+       "tensor 'x' has data_offsets [4, 20], not a range within the 16 data "
+       "bytes"},
+      {R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})",
+       "tensor 'x' has 4 data bytes, which do not hold F32 of shape [2]"},
+      {R"({"x": {"dtype": "F32", "shape": [4611686018427387904, 4],
+                 "data_offsets": [0, 0]}})",
+       "tensor 'x' has 0 data bytes, which do not hold F32 of shape "
+       "[4611686018427387904, 4]"},
+      {R"({"__metadata__": [], "x": {}})", "__metadata__ is not a JSON object"},
+  };
+  for (const Case &c : cases) {
+    writeBytes(path, rawFile(c.header, 16));
+    EXPECT_EQ(openError(path), "'" + path + "'" +
+                                   (c.error[0] == 'm' ? " has a " : ": ") +
+                                   c.error)
+        << c.header;
+  }
+}
+
+TEST(Safetensors, SurvivesRandomCorruption) {
+  // Flipped header bytes and truncations must give an error or a header
+  // whose every range lies inside the file; never a crash (run under ASan).
+  TempDir dir;
+  std::string path = dir.file("t.safetensors");
+  std::vector<float> a(6, 1.0f), b(3, 2.0f);
+  ASSERT_TRUE(
+      writeSafetensors(path, {{"a", {2, 3}, a.data()}, {"bb", {3}, b.data()}})
+          .ok());
+  const std::string valid = readBytes(path);
+  std::mt19937 rng(11);
+  const char alphabet[] = "{}[]\",:0123456789-eE.FIU \\u";
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string bytes = valid;
+    if (iter % 4 == 0)
+      bytes.resize(rng() % bytes.size());
+    for (int k = rng() % 4; k >= 0 && bytes.size() > 8; --k)
+      bytes[8 + rng() % std::min<size_t>(bytes.size() - 8, 120)] =
+          alphabet[rng() % (sizeof(alphabet) - 1)];
+    writeBytes(path, bytes);
+    Expected<SafetensorsReader> r = SafetensorsReader::open(path);
+    if (!r.ok()) {
+      EXPECT_FALSE(r.status().message().empty());
+      continue;
+    }
+    for (const TensorEntry &e : r->tensors()) {
+      ASSERT_LE(e.end, bytes.size());
+      if (e.dtype == "F32") {
+        std::vector<float> out((e.end - e.begin) / 4);
+        EXPECT_TRUE(r->readF32(e.name, e.shape, out.data()).ok());
+      }
+    }
+  }
+}
+
+TEST(Safetensors, ReadF32ChecksNameDtypeAndShape) {
+  TempDir dir;
+  std::string path = dir.file("t.safetensors");
+  writeBytes(path, rawFile(R"({"h": {"dtype": "F16", "shape": [2], )"
+                           R"("data_offsets": [0, 4]}, )"
+                           R"("f": {"dtype": "F32", "shape": [3, 1], )"
+                           R"("data_offsets": [4, 16]}})",
+                           16));
+  Expected<SafetensorsReader> r = SafetensorsReader::open(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  float out[3];
+  EXPECT_EQ(r->readF32("g", {3}, out).message(),
+            "'" + path + "' has no tensor 'g'");
+  EXPECT_EQ(r->readF32("h", {2}, out).message(),
+            "'" + path + "': tensor 'h' has dtype F16, expected F32");
+  EXPECT_EQ(r->readF32("f", {1, 3}, out).message(),
+            "'" + path + "': tensor 'f' has shape [3, 1], expected [1, 3]");
+  EXPECT_TRUE(r->readF32("f", {3, 1}, out).ok());
+}
+
+TEST(Safetensors, LoadParamsNeedsEveryPlanParameter) {
+  TempDir dir;
+  fake::setShape(2, 3);
+  const fastllm::rt::PlanInfo &plan = *fastllm_plan();
+  std::vector<float> flat(fake::kParamElements);
+  for (size_t i = 0; i < flat.size(); ++i)
+    flat[i] = float(i);
+  std::string all = dir.file("all.safetensors");
+  ASSERT_TRUE(saveParams(all, plan, flat.data(), false).ok());
+  std::vector<float> back(flat.size(), -1);
+  ASSERT_TRUE(loadParams(all, plan, back.data()).ok());
+  EXPECT_EQ(back, flat);
+
+  // The gradient dump leaves the frozen "code" out, so it cannot seed a run.
+  std::string trainable = dir.file("trainable.safetensors");
+  ASSERT_TRUE(saveParams(trainable, plan, flat.data(), true).ok());
+  Expected<SafetensorsReader> r = SafetensorsReader::open(trainable);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->tensors().size(), 2u);
+  EXPECT_EQ(loadParams(trainable, plan, back.data()).message(),
+            "'" + trainable + "' has no tensor 'code'");
+}
+
+} // namespace

@@ -1,0 +1,357 @@
+//===- TrainTest.cpp - the training loop on a model with known gradients --===//
+//
+// The fake model's gradient is a closed form (FakeModel.h), so these tests
+// recompute a step from the token file and DESIGN.md's sequential formula and
+// compare the runtime's dumped gradients, saved weights and logged loss with
+// it; and they check that bad inputs stop the run before it writes anything.
+//
+//===----------------------------------------------------------------------===//
+
+#include "FakeModel.h"
+#include "TestUtil.h"
+
+#include "runtime/Json.h"
+#include "runtime/Plan.h"
+#include "runtime/Safetensors.h"
+#include "runtime/Train.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <vector>
+
+using namespace fastllm::rt;
+using namespace fastllm::rt::test;
+using namespace fake;
+
+namespace {
+
+class TrainTest : public ::testing::Test {
+protected:
+  void SetUp() override { setShape(2, 3); }
+  void TearDown() override { setShape(2, 3); }
+
+  const PlanInfo &plan() const { return *fastllm_plan(); }
+
+  /// Writes N(0, 1) weights for every parameter and returns them, flat.
+  std::vector<float> writeWeights(const std::string &path, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    std::vector<float> flat(kParamElements);
+    for (float &x : flat)
+      x = normal(rng);
+    EXPECT_TRUE(saveParams(path, plan(), flat.data(), false).ok());
+    return flat;
+  }
+
+  Options options(int64_t steps, double lr) const {
+    Options o;
+    o.dataPath = dir.file("tokens.u16");
+    o.weightsPath = dir.file("init.safetensors");
+    o.steps = steps;
+    o.lr = lr;
+    o.sampler = SamplerKind::Sequential;
+    return o;
+  }
+
+  /// The trainable (or all) tensors of a file written by the runtime, flat.
+  std::vector<float> readFlat(const std::string &path, bool trainableOnly) {
+    std::vector<float> flat(kParamElements, 0.0f);
+    Expected<SafetensorsReader> r = SafetensorsReader::open(path);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    if (!r.ok())
+      return flat;
+    for (int32_t i = 0; i < plan().numParams; ++i) {
+      const ParamInfo &p = plan().params[i];
+      if (p.trainable || !trainableOnly)
+        EXPECT_TRUE(r->readF32(p.name,
+                               std::vector<int64_t>(p.shape, p.shape + p.rank),
+                               flat.data() + p.offset)
+                        .ok());
+    }
+    return flat;
+  }
+
+  /// Each line of a metrics file, parsed.
+  std::vector<JsonValue> readMetrics(const std::string &path) {
+    std::vector<JsonValue> lines;
+    std::istringstream in(readBytes(path));
+    for (std::string line; std::getline(in, line);) {
+      Expected<JsonValue> v = parseJson(line);
+      EXPECT_TRUE(v.ok()) << line;
+      if (v.ok())
+        lines.push_back(*v);
+    }
+    return lines;
+  }
+
+  TempDir dir;
+};
+
+double number(const JsonValue &line, const char *key) {
+  return std::stod(line.get(key)->text);
+}
+
+/// The fake model's mean loss and gradient over the first step's G sequential
+/// samples of T tokens, in double.
+struct StepMath {
+  double loss = 0;
+  std::vector<double> grad = std::vector<double>(kParamElements, 0.0);
+};
+
+StepMath firstStepMath(const std::vector<uint16_t> &ids,
+                       const std::vector<float> &w, int64_t G, int64_t T) {
+  StepMath math;
+  int64_t modulus = ids.size() - T - 1;
+  double count = double(G * T);
+  for (int64_t i = 0; i < G; ++i) {
+    int64_t start = (i * T) % modulus;
+    for (int64_t k = start; k < start + T; ++k)
+      for (int64_t d = 0; d < kDim; ++d) {
+        double r = double(w[kEmbedOffset + ids[k] * kDim + d]) +
+                   w[kBiasOffset + d] - w[kCodeOffset + ids[k + 1] * kDim + d];
+        math.loss += 0.5 * r * r / count;
+        math.grad[kEmbedOffset + ids[k] * kDim + d] += r / count;
+        math.grad[kBiasOffset + d] += r / count;
+      }
+  }
+  return math;
+}
+
+std::vector<uint16_t> randomTokens(int n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> ids(n);
+  for (uint16_t &t : ids)
+    t = rng() % kVocab;
+  return ids;
+}
+
+TEST_F(TrainTest, LossFallsOnALearnableSequence) {
+  // Token t is always followed by 5t + 3 mod 16, so the fake model can fit
+  // embed[t] + bias = code[next(t)] exactly. 32 tokens a step show it every
+  // row of embed.
+  setShape(4, 8);
+  std::vector<uint16_t> ids(2000);
+  for (size_t i = 1; i < ids.size(); ++i)
+    ids[i] = (5 * ids[i - 1] + 3) % kVocab;
+  writeTokens(dir.file("tokens.u16"), ids);
+  writeWeights(dir.file("init.safetensors"), 1);
+  Options opts = options(150, 0.05);
+  opts.sampler = SamplerKind::Random;
+  opts.lrSchedule = LrScheduleKind::Cosine;
+  opts.warmupSteps = 5;
+  opts.adamw.weightDecay = 0;
+  opts.metricsPath = dir.file("metrics.jsonl");
+  Status s = train(plan(), fastllm_step, opts, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+
+  std::vector<JsonValue> lines = readMetrics(opts.metricsPath);
+  ASSERT_EQ(lines.size(), 150u);
+  LrSchedule schedule{LrScheduleKind::Cosine, 0.05, 5, 150};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(number(lines[i], "step"), double(i + 1));
+    EXPECT_DOUBLE_EQ(number(lines[i], "lr"), schedule.at(i));
+    EXPECT_EQ(number(lines[i], "mem_bytes"), double(plan().arenaBytes));
+    EXPECT_GT(number(lines[i], "tokens_per_s"), 0);
+    EXPECT_GE(number(lines[i], "step_ms"), 0);
+    EXPECT_GT(number(lines[i], "grad_norm"), 0);
+  }
+  double first = number(lines.front(), "loss"),
+         last = number(lines.back(), "loss");
+  EXPECT_GT(first, 1.0);
+  EXPECT_LT(last, 0.02 * first) << "first " << first << " last " << last;
+}
+
+TEST_F(TrainTest, GradAccumulationAveragesMicroBatches) {
+  const int64_t B = 2, T = 3, A = 2, G = A * B;
+  std::vector<uint16_t> ids = randomTokens(101, 2);
+  writeTokens(dir.file("tokens.u16"), ids);
+  std::vector<float> w = writeWeights(dir.file("init.safetensors"), 3);
+  StepMath math = firstStepMath(ids, w, G, T);
+
+  Options opts = options(1, 0.01);
+  opts.gradAccum = A;
+  opts.dumpGradsPath = dir.file("grads.safetensors");
+  opts.saveWeightsPath = dir.file("final.safetensors");
+  opts.metricsPath = dir.file("metrics.jsonl");
+  Status s = train(plan(), fastllm_step, opts, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+
+  std::vector<JsonValue> lines = readMetrics(opts.metricsPath);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NEAR(number(lines[0], "loss"), math.loss, 1e-6 * math.loss);
+  double norm = 0;
+  for (double g : math.grad)
+    norm += g * g;
+  EXPECT_NEAR(number(lines[0], "grad_norm"), std::sqrt(norm), 1e-6);
+
+  std::vector<float> grads = readFlat(opts.dumpGradsPath, true);
+  for (int64_t j = 0; j < kCodeOffset; ++j)
+    EXPECT_NEAR(grads[j], math.grad[j], 1e-6) << j;
+
+  // First AdamW step: decay on embed only, then lr * g / (|g| + eps).
+  std::vector<float> after = readFlat(opts.saveWeightsPath, false);
+  for (int64_t j = 0; j < kParamElements; ++j) {
+    double g = math.grad[j];
+    double expected = j >= kCodeOffset  ? w[j]
+                      : j < kBiasOffset ? w[j] * (1 - 0.01 * 0.1)
+                                        : w[j];
+    if (j < kCodeOffset)
+      expected -= 0.01 * g / (std::abs(g) + 1e-8);
+    EXPECT_NEAR(after[j], expected, 1e-6) << j;
+  }
+
+  // One micro-batch of 2B samples is the same global batch: same step.
+  setShape(G, T);
+  Options single = opts;
+  single.gradAccum = 1;
+  single.dumpGradsPath = dir.file("grads1.safetensors");
+  single.saveWeightsPath = dir.file("final1.safetensors");
+  single.metricsPath = "";
+  s = train(plan(), fastllm_step, single, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<float> grads1 = readFlat(single.dumpGradsPath, true);
+  std::vector<float> after1 = readFlat(single.saveWeightsPath, false);
+  for (int64_t j = 0; j < kParamElements; ++j) {
+    EXPECT_NEAR(grads1[j], grads[j], 1e-6) << j;
+    EXPECT_NEAR(after1[j], after[j], 1e-6) << j;
+  }
+}
+
+TEST_F(TrainTest, DumpsOnlyTheFirstStepsGradients) {
+  std::vector<uint16_t> ids = randomTokens(101, 4);
+  writeTokens(dir.file("tokens.u16"), ids);
+  std::vector<float> w = writeWeights(dir.file("init.safetensors"), 5);
+  Options opts = options(3, 0.1);
+  opts.dumpGradsPath = dir.file("grads.safetensors");
+  ASSERT_TRUE(train(plan(), fastllm_step, opts, nullptr).ok());
+  StepMath math = firstStepMath(ids, w, 2, 3);
+  std::vector<float> grads = readFlat(opts.dumpGradsPath, true);
+  for (int64_t j = 0; j < kCodeOffset; ++j)
+    EXPECT_NEAR(grads[j], math.grad[j], 1e-6) << j;
+}
+
+TEST_F(TrainTest, ClippingScalesGradientsBeforeTheUpdate) {
+  std::vector<uint16_t> ids = randomTokens(101, 6);
+  writeTokens(dir.file("tokens.u16"), ids);
+  std::vector<float> w = writeWeights(dir.file("init.safetensors"), 7);
+  StepMath math = firstStepMath(ids, w, 2, 3);
+  double norm = 0;
+  for (double g : math.grad)
+    norm += g * g;
+  norm = std::sqrt(norm);
+
+  Options opts = options(1, 0.01);
+  opts.clipGradNorm = norm / 3;
+  // A large eps makes the first update depend on the gradient's scale.
+  opts.adamw.eps = 1.0;
+  opts.adamw.weightDecay = 0;
+  opts.metricsPath = dir.file("metrics.jsonl");
+  opts.saveWeightsPath = dir.file("final.safetensors");
+  ASSERT_TRUE(train(plan(), fastllm_step, opts, nullptr).ok());
+
+  std::vector<JsonValue> lines = readMetrics(opts.metricsPath);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NEAR(number(lines[0], "grad_norm"), norm, 1e-6); // before clipping
+  std::vector<float> after = readFlat(opts.saveWeightsPath, false);
+  double coef = (norm / 3) / (norm + 1e-6);
+  for (int64_t j = 0; j < kCodeOffset; ++j) {
+    double g = math.grad[j] * coef;
+    EXPECT_NEAR(after[j], w[j] - 0.01 * g / (std::abs(g) + 1.0), 1e-6) << j;
+  }
+}
+
+TEST_F(TrainTest, RejectsATokenOutsideTheVocabularyBeforeWriting) {
+  std::vector<uint16_t> ids = randomTokens(101, 8);
+  ids[50] = kVocab;
+  writeTokens(dir.file("tokens.u16"), ids);
+  writeWeights(dir.file("init.safetensors"), 9);
+  Options opts = options(1, 0.01);
+  opts.metricsPath = dir.file("metrics.jsonl");
+  Status s = train(plan(), fastllm_step, opts, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "data file '" + opts.dataPath +
+                             "': token 16 at position 50 is not below the "
+                             "vocabulary size 16 (is --data-dtype u16 right?)");
+  EXPECT_FALSE(std::filesystem::exists(opts.metricsPath));
+}
+
+TEST_F(TrainTest, RejectsBadInputsBeforeWriting) {
+  writeTokens(dir.file("tokens.u16"), randomTokens(101, 10));
+  writeWeights(dir.file("init.safetensors"), 11);
+  Options good = options(1, 0.01);
+  good.metricsPath = dir.file("metrics.jsonl");
+  auto error = [&](const Options &o) {
+    Status s = train(plan(), fastllm_step, o, nullptr);
+    EXPECT_FALSE(s.ok());
+    EXPECT_FALSE(std::filesystem::exists(good.metricsPath));
+    return s.message();
+  };
+
+  Options missing = good;
+  missing.dataPath = dir.file("nope.u16");
+  EXPECT_EQ(error(missing), "cannot open data file '" + missing.dataPath +
+                                "': No such file or directory");
+
+  Options odd = good;
+  odd.dataDtype = TokenDtype::U32;
+  writeTokens(dir.file("odd.u16"), randomTokens(101, 12));
+  odd.dataPath = dir.file("odd.u16");
+  EXPECT_EQ(error(odd), "data file '" + odd.dataPath +
+                            "' has 202 bytes, not a multiple of 4 "
+                            "(--data-dtype u32)");
+
+  Options noWeights = good;
+  std::vector<float> flat(kParamElements);
+  noWeights.weightsPath = dir.file("partial.safetensors");
+  ASSERT_TRUE(
+      saveParams(noWeights.weightsPath, plan(), flat.data(), true).ok());
+  EXPECT_EQ(error(noWeights),
+            "weights: '" + noWeights.weightsPath + "' has no tensor 'code'");
+
+  Options noFolder = good;
+  noFolder.saveWeightsPath = dir.file("no/such/final.safetensors");
+  EXPECT_EQ(error(noFolder), "--save-weights '" + noFolder.saveWeightsPath +
+                                 "': cannot write to folder '" +
+                                 dir.file("no/such/") +
+                                 "': No such file or directory");
+
+  PlanInfo old = plan();
+  old.abiVersion = kAbiVersion + 1;
+  Status s = train(old, fastllm_step, good, nullptr);
+  EXPECT_EQ(s.message(), "the model was compiled for runtime ABI 2 but this "
+                         "runtime is ABI 1; recompile it with this "
+                         "fastllm-opt");
+  PlanInfo broken = plan();
+  broken.targetsOffset = broken.arenaBytes - 8;
+  EXPECT_NE(validatePlan(broken).message().find("targets region"),
+            std::string::npos);
+  EXPECT_TRUE(validatePlan(plan()).ok());
+}
+
+TEST_F(TrainTest, NonFiniteLossStopsTheRunUnlessAllowed) {
+  std::vector<float> flat(kParamElements, 0.0f);
+  flat[kCodeOffset] = NAN;
+  // Every target is token 0, whose code is NaN.
+  writeTokens(dir.file("tokens.u16"), std::vector<uint16_t>(101, 0));
+  ASSERT_TRUE(
+      saveParams(dir.file("init.safetensors"), plan(), flat.data(), false)
+          .ok());
+  Options opts = options(3, 0.01);
+  opts.metricsPath = dir.file("metrics.jsonl");
+  Status s = train(plan(), fastllm_step, opts, nullptr);
+  EXPECT_EQ(s.message(), "loss is NaN at step 1 (pass --allow-nonfinite to "
+                         "keep training)");
+
+  opts.allowNonfinite = true;
+  s = train(plan(), fastllm_step, opts, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::string metrics = readBytes(opts.metricsPath);
+  EXPECT_NE(metrics.find("{\"step\": 3, \"loss\": NaN"), std::string::npos)
+      << metrics;
+}
+
+} // namespace
