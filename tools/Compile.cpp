@@ -128,9 +128,11 @@ static bool buildBinary(StringRef dir) {
   sys::path::append(log, "build.log");
   std::string lib = FASTLLM_RUNTIME_LIB_DIR;
   SmallVector<std::string> args = {
-      *program, "-std=c++17", "-O3", "-march=native", "-fopenmp",
+      *program, "-std=c++17", "-O3", "-march=native",
+      "-mprefer-vector-width=512", "-fopenmp",
       "-I" FASTLLM_SOURCE_DIR, std::string(source),
       lib + "/libfastllm_rt_main.a", lib + "/libfastllm_rt.a",
+      lib + "/libfastllm_cpu_kernels.a",
       "-lopenblas", "-lm", "-o", std::string(binary)};
   SmallVector<StringRef> argRefs(args.begin(), args.end());
   std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log),

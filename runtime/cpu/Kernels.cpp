@@ -1,4 +1,4 @@
-//===- Kernels.cpp - CPU kernels called by generated training code --------===//
+//===- Kernels.cpp - CPU kernels for generated training code --------------===//
 //
 // Row kernels (softmax, norms, losses) reduce with fixed-lane partial sums
 // (laneSum) rather than a plain running sum: the lanes let the compiler
@@ -49,6 +49,28 @@ template <typename Acc, typename F> Acc laneSum(int64_t n, F f) {
   return lanes[0];
 }
 
+/// (Σ f(i), Σ g(i)) in one pass, as laneSum.
+template <typename Acc, typename F, typename G>
+std::pair<Acc, Acc> laneSum2(int64_t n, F f, G g) {
+  Acc a[kLanes] = {}, b[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      a[l] += static_cast<Acc>(f(i + l));
+      b[l] += static_cast<Acc>(g(i + l));
+    }
+  for (int l = 0; i < n; ++i, ++l) {
+    a[l] += static_cast<Acc>(f(i));
+    b[l] += static_cast<Acc>(g(i));
+  }
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) {
+      a[l] += a[l + width];
+      b[l] += b[l + width];
+    }
+  return {a[0], b[0]};
+}
+
 /// max(a, b) that returns NaN once either is NaN, as torch.max does.
 template <typename T> T maxNan(T acc, T x) {
   return (x > acc || x != x) ? x : acc;
@@ -76,19 +98,30 @@ template <typename T> T rowMax(const T *x, int64_t n) {
   return m;
 }
 
-/// Σ e^(x[i] - shift) over [0, n). The exponentials go through a stack block
-/// so that both loops are simple enough to vectorize.
-float expSum(const float *x, int64_t n, float shift) {
-  constexpr int64_t kChunk = 1024;
-  alignas(64) float e[kChunk];
-  float sum = 0.f;
+/// The max m of a row and Σ e^(x - m), reading the row once: it goes by
+/// L1-sized chunks, and a chunk with a larger max rescales the running sum.
+/// As in PyTorch, -inf entries add nothing, a row of only -inf gives a NaN
+/// sum, and NaN propagates.
+std::pair<float, float> rowMaxExpSum(const float *x, int64_t n) {
+  constexpr int64_t kChunk = 2048;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float m = kNegInf, sum = 0.f;
   for (int64_t i = 0; i < n; i += kChunk) {
+    const float *chunk = x + i;
     int64_t len = std::min(kChunk, n - i);
-    for (int64_t j = 0; j < len; ++j)
-      e[j] = fastExp(x[i + j] - shift);
-    sum += laneSum<float>(len, [&](int64_t j) { return e[j]; });
+    float chunkMax = rowMax(chunk, len);
+    if (chunkMax == kNegInf)
+      continue;
+    if (chunkMax > m) {
+      sum *= fastExp(m - chunkMax);
+      m = chunkMax;
+    }
+    sum +=
+        laneSum<float>(len, [&](int64_t j) { return fastExp(chunk[j] - m); });
   }
-  return sum;
+  if (m == kNegInf)
+    sum = std::numeric_limits<float>::quiet_NaN();
+  return {m, sum};
 }
 
 /// A row-major multi-index over `rank` dims and the matching offset into one
@@ -255,8 +288,8 @@ void matmul(float *c, const float *a, const float *b, int batchRank,
       cols = hi - lo;
     }
     cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
-                transB ? CblasTrans : CblasNoTrans, rows, cols, k, 1.f, pa,
-                lda, pb, ldb, 0.f, pc, n);
+                transB ? CblasTrans : CblasNoTrans, rows, cols, k, 1.f, pa, lda,
+                pb, ldb, 0.f, pc, n);
   });
 }
 
@@ -270,7 +303,7 @@ template <typename T> struct Identity {
 };
 
 /// Side of the square tiles of a transpose that moves the last dim.
-constexpr int64_t kTile = 32;
+constexpr int64_t kTile = 64;
 } // namespace
 
 template <typename T>
@@ -396,15 +429,15 @@ void concat(T *out, int numInputs, const T *const *ins, const int64_t *sizes,
                 for (int64_t u = begin; u < end; ++u) {
                   int64_t o = u / numInputs, i = u % numInputs;
                   int64_t len = sizes[i] * inner;
-                  std::memcpy(out + o * outRow + first[i] * inner,
-                              ins[i] + o * len, len * sizeof(T));
+                  if (len > 0) // an empty input may have no buffer
+                    std::memcpy(out + o * outRow + first[i] * inner,
+                                ins[i] + o * len, len * sizeof(T));
                 }
               });
 }
 
 namespace {
-template <typename Idx>
-int64_t wrapIndex(Idx index, int64_t dimSize) {
+template <typename Idx> int64_t wrapIndex(Idx index, int64_t dimSize) {
   int64_t i = index < 0 ? int64_t(index) + dimSize : int64_t(index);
   assert(i >= 0 && i < dimSize && "gather index out of range");
   return i;
@@ -412,8 +445,8 @@ int64_t wrapIndex(Idx index, int64_t dimSize) {
 } // namespace
 
 template <typename T, typename Idx>
-void gather(T *out, const T *in, const Idx *idx, int64_t outer,
-            int64_t dimSize, int64_t numIdx, int64_t inner) {
+void gather(T *out, const T *in, const Idx *idx, int64_t outer, int64_t dimSize,
+            int64_t numIdx, int64_t inner) {
   parallelFor(outer * numIdx, outer * numIdx * inner,
               [&](int64_t begin, int64_t end) {
                 int64_t o = begin / numIdx, j = begin % numIdx;
@@ -614,9 +647,8 @@ void reduce(T *out, const T *in, int rank, const int64_t *shape,
                                      [](T acc) { return acc; });
   using Acc = typename SumOp<T>::Acc;
   if (kind == ReduceKind::Sum)
-    return reduceCollapsed<SumOp<T>>(out, in, r, dims, reduced, [](Acc acc) {
-      return static_cast<T>(acc);
-    });
+    return reduceCollapsed<SumOp<T>>(
+        out, in, r, dims, reduced, [](Acc acc) { return static_cast<T>(acc); });
   return reduceCollapsed<SumOp<T>>(
       out, in, r, dims, reduced,
       [redCount](Acc acc) { return static_cast<T>(acc / redCount); });
@@ -629,105 +661,114 @@ void reduce(T *out, const T *in, int rank, const int64_t *shape,
 namespace {
 /// Columns processed together when softmax runs along a non-last dim.
 constexpr int64_t kSoftmaxBand = 256;
+
+/// Softmax along n of x[j·inner + i] for the band of columns i < len ≤
+/// kSoftmaxBand, vectorized across the columns.
+void softmaxBand(float *y, const float *x, int64_t n, int64_t inner,
+                 int64_t len, bool log) {
+  float m[kSoftmaxBand], s[kSoftmaxBand];
+  std::fill_n(m, len, -std::numeric_limits<float>::infinity());
+  std::fill_n(s, len, 0.f);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < len; ++i)
+      m[i] = maxNan(m[i], x[j * inner + i]);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < len; ++i) {
+      float e = fastExp(x[j * inner + i] - m[i]);
+      s[i] += e;
+      if (!log)
+        y[j * inner + i] = e;
+    }
+  for (int64_t i = 0; i < len; ++i)
+    s[i] = log ? std::log(s[i]) : 1.f / s[i];
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < len; ++i) {
+      float &v = y[j * inner + i];
+      v = log ? (x[j * inner + i] - m[i]) - s[i] : v * s[i];
+    }
+}
+
+/// softmaxGrad for one band of columns, as softmaxBand.
+void softmaxGradBand(float *dx, const float *y, const float *dy, int64_t n,
+                     int64_t inner, int64_t len, bool log) {
+  double s[kSoftmaxBand];
+  std::fill_n(s, len, 0.0);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < len; ++i) {
+      int64_t at = j * inner + i;
+      s[i] += log ? double(dy[at]) : double(dy[at]) * y[at];
+    }
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < len; ++i) {
+      int64_t at = j * inner + i;
+      float si = static_cast<float>(s[i]);
+      dx[at] = log ? dy[at] - fastExp(y[at]) * si : y[at] * (dy[at] - si);
+    }
+}
+
+/// Runs band(offset, len) over every band of columns of [outer, n, inner].
+template <typename Band>
+void forEachBand(int64_t outer, int64_t n, int64_t inner, Band band) {
+  const int64_t bands = (inner + kSoftmaxBand - 1) / kSoftmaxBand;
+  parallelFor(outer * bands, outer * n * inner,
+              [&](int64_t begin, int64_t end) {
+                for (int64_t task = begin; task < end; ++task) {
+                  int64_t o = task / bands, c0 = task % bands * kSoftmaxBand;
+                  band(o * n * inner + c0, std::min(kSoftmaxBand, inner - c0));
+                }
+              });
+}
 } // namespace
 
-void softmax(float *y, const float *x, int64_t outer, int64_t n,
-             int64_t inner, bool log) {
-  if (inner == 1) {
-    parallelFor(outer, outer * n, [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        const float *xr = x + row * n;
-        float *yr = y + row * n;
-        float m = rowMax(xr, n);
-        if (log) {
-          float shift = m + std::log(expSum(xr, n, m));
-          for (int64_t i = 0; i < n; ++i)
-            yr[i] = xr[i] - shift;
-          continue;
-        }
-        for (int64_t i = 0; i < n; ++i)
-          yr[i] = fastExp(xr[i] - m);
-        float inv = 1.f / laneSum<float>(n, [&](int64_t i) { return yr[i]; });
-        for (int64_t i = 0; i < n; ++i)
-          yr[i] *= inv;
-      }
+void softmax(float *y, const float *x, int64_t outer, int64_t n, int64_t inner,
+             bool log) {
+  if (inner > 1)
+    return forEachBand(outer, n, inner, [&](int64_t offset, int64_t len) {
+      softmaxBand(y + offset, x + offset, n, inner, len, log);
     });
-    return;
-  }
-  // Along a middle dim: vectorize across a band of the inner columns.
-  const int64_t bands = (inner + kSoftmaxBand - 1) / kSoftmaxBand;
-  parallelFor(outer * bands, outer * n * inner, [&](int64_t begin,
-                                                    int64_t end) {
-    float m[kSoftmaxBand], s[kSoftmaxBand];
-    for (int64_t task = begin; task < end; ++task) {
-      int64_t o = task / bands, c0 = task % bands * kSoftmaxBand;
-      int64_t len = std::min(kSoftmaxBand, inner - c0);
-      const float *xo = x + o * n * inner + c0;
-      float *yo = y + o * n * inner + c0;
-      std::fill_n(m, len, -std::numeric_limits<float>::infinity());
-      std::fill_n(s, len, 0.f);
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < len; ++i)
-          m[i] = maxNan(m[i], xo[j * inner + i]);
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < len; ++i) {
-          float e = fastExp(xo[j * inner + i] - m[i]);
-          s[i] += e;
-          if (!log)
-            yo[j * inner + i] = e;
-        }
-      for (int64_t i = 0; i < len; ++i)
-        s[i] = log ? m[i] + std::log(s[i]) : 1.f / s[i];
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < len; ++i) {
-          float &v = yo[j * inner + i];
-          v = log ? xo[j * inner + i] - s[i] : v * s[i];
-        }
+  parallelFor(outer, outer * n, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const float *xr = x + row * n;
+      float *yr = y + row * n;
+      if (log) {
+        // (x - m) - log Σ: the first difference is exact near the max.
+        auto [m, sum] = rowMaxExpSum(xr, n);
+        float logSum = std::log(sum);
+        for (int64_t i = 0; i < n; ++i)
+          yr[i] = (xr[i] - m) - logSum;
+        continue;
+      }
+      float m = rowMax(xr, n);
+      float inv = 1.f / laneSum<float>(n, [&](int64_t i) {
+                    return yr[i] = fastExp(xr[i] - m);
+                  });
+      for (int64_t i = 0; i < n; ++i)
+        yr[i] *= inv;
     }
   });
 }
 
 void softmaxGrad(float *dx, const float *y, const float *dy, int64_t outer,
                  int64_t n, int64_t inner, bool log) {
-  if (inner == 1) {
-    parallelFor(outer, outer * n, [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        const float *yr = y + row * n, *gr = dy + row * n;
-        float *dr = dx + row * n;
-        if (log) {
-          float s = laneSum<double>(n, [&](int64_t i) { return gr[i]; });
-          for (int64_t i = 0; i < n; ++i)
-            dr[i] = gr[i] - fastExp(yr[i]) * s;
-        } else {
-          float s = laneSum<double>(
-              n, [&](int64_t i) { return double(gr[i]) * yr[i]; });
-          for (int64_t i = 0; i < n; ++i)
-            dr[i] = yr[i] * (gr[i] - s);
-        }
-      }
+  if (inner > 1)
+    return forEachBand(outer, n, inner, [&](int64_t offset, int64_t len) {
+      softmaxGradBand(dx + offset, y + offset, dy + offset, n, inner, len, log);
     });
-    return;
-  }
-  const int64_t bands = (inner + kSoftmaxBand - 1) / kSoftmaxBand;
-  parallelFor(outer * bands, outer * n * inner, [&](int64_t begin,
-                                                    int64_t end) {
-    double s[kSoftmaxBand];
-    for (int64_t task = begin; task < end; ++task) {
-      int64_t o = task / bands, c0 = task % bands * kSoftmaxBand;
-      int64_t len = std::min(kSoftmaxBand, inner - c0);
-      int64_t base = o * n * inner + c0;
-      std::fill_n(s, len, 0.0);
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < len; ++i) {
-          int64_t at = base + j * inner + i;
-          s[i] += log ? double(dy[at]) : double(dy[at]) * y[at];
-        }
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < len; ++i) {
-          int64_t at = base + j * inner + i;
-          float si = static_cast<float>(s[i]);
-          dx[at] = log ? dy[at] - fastExp(y[at]) * si : y[at] * (dy[at] - si);
-        }
+  parallelFor(outer, outer * n, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const float *yr = y + row * n, *gr = dy + row * n;
+      float *dr = dx + row * n;
+      if (log) {
+        float s = static_cast<float>(
+            laneSum<double>(n, [&](int64_t i) { return gr[i]; }));
+        for (int64_t i = 0; i < n; ++i)
+          dr[i] = gr[i] - fastExp(yr[i]) * s;
+      } else {
+        float s = static_cast<float>(laneSum<double>(
+            n, [&](int64_t i) { return double(gr[i]) * yr[i]; }));
+        for (int64_t i = 0; i < n; ++i)
+          dr[i] = yr[i] * (gr[i] - s);
+      }
     }
   });
 }
@@ -737,22 +778,21 @@ void softmaxGrad(float *dx, const float *y, const float *dy, int64_t outer,
 //===----------------------------------------------------------------------===//
 
 namespace {
-/// Mean and 1/√(biased variance + eps) of one row, in double.
+/// Mean and 1/√(biased variance + eps) of one row, from one pass of Σx and
+/// Σx² in double: the cancellation in E[x²] - mean² then costs far less than
+/// float resolution unless |mean| exceeds the spread by ~10⁴.
 std::pair<double, double> rowMoments(const float *x, int64_t n, float eps) {
-  double mean = laneSum<double>(n, [&](int64_t i) { return x[i]; }) / n;
-  double var = laneSum<double>(n, [&](int64_t i) {
-                 double d = x[i] - mean;
-                 return d * d;
-               }) /
-               n;
+  auto [sum, sumSq] = laneSum2<double>(
+      n, [&](int64_t i) { return x[i]; },
+      [&](int64_t i) { return double(x[i]) * x[i]; });
+  double mean = sum / n;
+  double var = std::max(sumSq / n - mean * mean, 0.0);
   return {mean, 1.0 / std::sqrt(var + eps)};
 }
 
 double rowRstd(const float *x, int64_t n, float eps) {
-  double ms = laneSum<double>(n, [&](int64_t i) {
-                return double(x[i]) * x[i];
-              }) /
-              n;
+  double ms =
+      laneSum<double>(n, [&](int64_t i) { return double(x[i]) * x[i]; }) / n;
   return 1.0 / std::sqrt(ms + eps);
 }
 
@@ -782,8 +822,8 @@ void rowsWithColumnSums(int64_t rows, int64_t cols, int numSums,
 }
 } // namespace
 
-void layerNorm(float *y, const float *x, const float *scale,
-               const float *bias, int64_t rows, int64_t cols, float eps) {
+void layerNorm(float *y, const float *x, const float *scale, const float *bias,
+               int64_t rows, int64_t cols, float eps) {
   parallelFor(rows, rows * cols, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const float *xr = x + row * cols;
@@ -810,12 +850,11 @@ void layerNormGrad(float *dx, float *dscale, float *dbias, const float *x,
     auto [mean, rstd] = rowMoments(xr, cols, eps);
     float m = static_cast<float>(mean), r = static_cast<float>(rstd);
     // dx = rstd·(g - mean(g) - x̂·mean(g·x̂)) with g = dy·scale.
-    double sumG = laneSum<double>(cols, [&](int64_t i) {
-      return gr[i] * scale[i];
-    });
-    double sumGX = laneSum<double>(cols, [&](int64_t i) {
-      return double(gr[i] * scale[i]) * ((xr[i] - m) * r);
-    });
+    auto [sumG, sumGX] = laneSum2<double>(
+        cols, [&](int64_t i) { return gr[i] * scale[i]; },
+        [&](int64_t i) {
+          return double(gr[i] * scale[i]) * ((xr[i] - m) * r);
+        });
     float a = static_cast<float>(sumG / cols);
     float b = static_cast<float>(sumGX / cols);
     double *pScale = partial, *pBias = partial + cols;
@@ -872,8 +911,7 @@ bool isIgnored(Idx target, bool hasIgnore, int64_t ignoreIndex) {
   return hasIgnore && int64_t(target) == ignoreIndex;
 }
 
-template <typename Idx>
-int64_t checkedTarget(Idx target, int64_t classes) {
+template <typename Idx> int64_t checkedTarget(Idx target, int64_t classes) {
   assert(target >= 0 && int64_t(target) < classes && "target out of range");
   (void)classes;
   return int64_t(target);
@@ -881,13 +919,13 @@ int64_t checkedTarget(Idx target, int64_t classes) {
 
 /// Writes per-row losses (as computed by rowLoss, 0 for ignored rows) to
 /// `loss`, or their sum or mean over non-ignored rows. The sum runs in row
-/// order in double.
+/// order in double. `rowWork` is the number of elements rowLoss reads.
 template <typename Idx, typename RowLoss>
-void reduceLoss(float *loss, const Idx *targets, int64_t rows,
-                int64_t classes, bool hasIgnore, int64_t ignoreIndex,
+void reduceLoss(float *loss, const Idx *targets, int64_t rows, int64_t classes,
+                int64_t rowWork, bool hasIgnore, int64_t ignoreIndex,
                 Reduction r, RowLoss rowLoss) {
   std::vector<double> perRow(r == Reduction::None ? 0 : rows);
-  parallelFor(rows, rows * classes, [&](int64_t begin, int64_t end) {
+  parallelFor(rows, rows * rowWork, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       double v = isIgnored(targets[row], hasIgnore, ignoreIndex)
                      ? 0.0
@@ -922,9 +960,8 @@ auto rowGradScale(const float *dloss, const Idx *targets, int64_t rows,
       count += !isIgnored(targets[row], hasIgnore, ignoreIndex);
     shared = static_cast<float>(double(dloss[0]) / count);
   }
-  return [=](int64_t row) {
-    return r == Reduction::None ? dloss[row] : shared;
-  };
+  return
+      [=](int64_t row) { return r == Reduction::None ? dloss[row] : shared; };
 }
 
 } // namespace
@@ -933,12 +970,11 @@ template <typename Idx>
 void crossEntropy(float *loss, const float *logits, const Idx *targets,
                   int64_t rows, int64_t classes, bool hasIgnore,
                   int64_t ignoreIndex, Reduction r) {
-  reduceLoss(loss, targets, rows, classes, hasIgnore, ignoreIndex, r,
+  reduceLoss(loss, targets, rows, classes, classes, hasIgnore, ignoreIndex, r,
              [&](int64_t row, int64_t t) {
                const float *xr = logits + row * classes;
-               float m = rowMax(xr, classes);
-               double lse = double(m) + std::log(double(expSum(xr, classes, m)));
-               return lse - xr[t];
+               auto [m, sum] = rowMaxExpSum(xr, classes);
+               return double(m) + std::log(double(sum)) - xr[t];
              });
 }
 
@@ -958,9 +994,9 @@ void crossEntropyGrad(float *dlogits, const float *logits, const Idx *targets,
       const float *xr = logits + row * classes;
       float g = scaleOf(row);
       float m = rowMax(xr, classes);
-      for (int64_t i = 0; i < classes; ++i)
-        dr[i] = fastExp(xr[i] - m);
-      float k = g / laneSum<float>(classes, [&](int64_t i) { return dr[i]; });
+      float k = g / laneSum<float>(classes, [&](int64_t i) {
+                  return dr[i] = fastExp(xr[i] - m);
+                });
       for (int64_t i = 0; i < classes; ++i)
         dr[i] *= k;
       dr[t] -= g;
@@ -969,14 +1005,13 @@ void crossEntropyGrad(float *dlogits, const float *logits, const Idx *targets,
 }
 
 template <typename Idx>
-void nllLoss(float *loss, const float *input, const Idx *targets,
-             int64_t rows, int64_t classes, bool hasIgnore,
-             int64_t ignoreIndex, Reduction r) {
-  reduceLoss(loss, targets, rows, /*work per row=*/1, hasIgnore, ignoreIndex,
-             r, [&](int64_t row, int64_t t) {
+void nllLoss(float *loss, const float *input, const Idx *targets, int64_t rows,
+             int64_t classes, bool hasIgnore, int64_t ignoreIndex,
+             Reduction r) {
+  reduceLoss(loss, targets, rows, classes, /*rowWork=*/1, hasIgnore,
+             ignoreIndex, r, [&](int64_t row, int64_t t) {
                return -double(input[row * classes + t]);
              });
-  (void)classes;
 }
 
 template <typename Idx>
@@ -999,18 +1034,18 @@ void nllLossGrad(float *dinput, const Idx *targets, const float *dloss,
 //===----------------------------------------------------------------------===//
 
 #define FASTLLM_DATA_MOVEMENT(T)                                               \
-  template void transpose<T>(T *, const T *, int, const int64_t *,            \
+  template void transpose<T>(T *, const T *, int, const int64_t *,             \
                              const int64_t *);                                 \
-  template void slice<T>(T *, const T *, int, const int64_t *,                \
+  template void slice<T>(T *, const T *, int, const int64_t *,                 \
                          const int64_t *, const int64_t *, const int64_t *);   \
-  template void sliceGrad<T>(T *, const T *, int, const int64_t *,            \
+  template void sliceGrad<T>(T *, const T *, int, const int64_t *,             \
                              const int64_t *, const int64_t *,                 \
                              const int64_t *);                                 \
-  template void concat<T>(T *, int, const T *const *, const int64_t *,        \
+  template void concat<T>(T *, int, const T *const *, const int64_t *,         \
                           int64_t, int64_t);                                   \
-  template void gather<T, int32_t>(T *, const T *, const int32_t *, int64_t,  \
+  template void gather<T, int32_t>(T *, const T *, const int32_t *, int64_t,   \
                                    int64_t, int64_t, int64_t);                 \
-  template void gather<T, int64_t>(T *, const T *, const int64_t *, int64_t,  \
+  template void gather<T, int64_t>(T *, const T *, const int64_t *, int64_t,   \
                                    int64_t, int64_t, int64_t);
 FASTLLM_DATA_MOVEMENT(float)
 FASTLLM_DATA_MOVEMENT(double)
@@ -1024,9 +1059,9 @@ FASTLLM_DATA_MOVEMENT(int64_t)
 #undef FASTLLM_DATA_MOVEMENT
 
 #define FASTLLM_GATHER_GRAD(T)                                                 \
-  template void gatherGrad<T, int32_t>(T *, const T *, const int32_t *,       \
+  template void gatherGrad<T, int32_t>(T *, const T *, const int32_t *,        \
                                        int64_t, int64_t, int64_t, int64_t);    \
-  template void gatherGrad<T, int64_t>(T *, const T *, const int64_t *,       \
+  template void gatherGrad<T, int64_t>(T *, const T *, const int64_t *,        \
                                        int64_t, int64_t, int64_t, int64_t);
 FASTLLM_GATHER_GRAD(float)
 FASTLLM_GATHER_GRAD(double)
@@ -1036,21 +1071,21 @@ template void reduce<float>(float *, const float *, int, const int64_t *,
                             const bool *, ReduceKind);
 template void reduce<double>(double *, const double *, int, const int64_t *,
                              const bool *, ReduceKind);
-template void reduce<int32_t>(int32_t *, const int32_t *, int,
-                              const int64_t *, const bool *, ReduceKind);
-template void reduce<int64_t>(int64_t *, const int64_t *, int,
-                              const int64_t *, const bool *, ReduceKind);
+template void reduce<int32_t>(int32_t *, const int32_t *, int, const int64_t *,
+                              const bool *, ReduceKind);
+template void reduce<int64_t>(int64_t *, const int64_t *, int, const int64_t *,
+                              const bool *, ReduceKind);
 
 #define FASTLLM_LOSSES(Idx)                                                    \
-  template void crossEntropy<Idx>(float *, const float *, const Idx *,        \
+  template void crossEntropy<Idx>(float *, const float *, const Idx *,         \
                                   int64_t, int64_t, bool, int64_t, Reduction); \
-  template void crossEntropyGrad<Idx>(float *, const float *, const Idx *,    \
+  template void crossEntropyGrad<Idx>(float *, const float *, const Idx *,     \
                                       const float *, int64_t, int64_t, bool,   \
                                       int64_t, Reduction);                     \
-  template void nllLoss<Idx>(float *, const float *, const Idx *, int64_t,    \
+  template void nllLoss<Idx>(float *, const float *, const Idx *, int64_t,     \
                              int64_t, bool, int64_t, Reduction);               \
-  template void nllLossGrad<Idx>(float *, const Idx *, const float *,         \
-                                 int64_t, int64_t, bool, int64_t, Reduction);
+  template void nllLossGrad<Idx>(float *, const Idx *, const float *, int64_t, \
+                                 int64_t, bool, int64_t, Reduction);
 FASTLLM_LOSSES(int32_t)
 FASTLLM_LOSSES(int64_t)
 #undef FASTLLM_LOSSES

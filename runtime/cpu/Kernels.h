@@ -1,4 +1,4 @@
-//===- Kernels.h - CPU kernels called by generated training code -*- C++ -*-===//
+//===- Kernels.h - CPU kernels for generated training code ------*- C++ -*-===//
 //
 // The kernel library behind the CPU target: `fastllm-opt` emits one C++ call
 // per op (or per fused chain of elementwise ops) with shapes known at compile
@@ -15,9 +15,10 @@
 // here; the rest are defined in Kernels.cpp and explicitly instantiated for
 // the element types listed beside each declaration.
 //
-// Generated code should be compiled with -O2 or better, -fopenmp and
-// -march=native: the fused elementwise loops are instantiated in its own
-// translation unit and vectorize only as wide as its flags allow.
+// Generated code should be compiled like this library (-O2 or better,
+// -fopenmp, -march=native -mprefer-vector-width=512): the fused elementwise
+// loops are instantiated in its own translation unit and vectorize only as
+// wide as its flags allow.
 //
 //===----------------------------------------------------------------------===//
 
@@ -105,8 +106,8 @@ inline void parallelFor(int64_t n, int64_t work, Body &&body) {
 // the bounds), which is as close as ATen's own vectorized versions come.
 
 /// e^x with Cephes' polynomial after Cody-Waite reduction; relative error
-/// below 3e-7. Results below FLT_MIN flush to zero; ±inf and NaN behave as in
-/// std::exp.
+/// below 3e-7 (2 ulp). Results below FLT_MIN flush to zero; ±inf and NaN behave
+/// as in std::exp.
 inline float fastExp(float x) {
   constexpr float kLo = -87.33654f; // log(FLT_MIN)
   constexpr float kHi = 88.72284f;  // log(FLT_MAX)
@@ -135,10 +136,11 @@ inline float fastExp(float x) {
 }
 
 /// tanh(x) as Eigen's rational approximation: x·P(x²)/Q(x²), odd, so small
-/// arguments keep full relative accuracy.
+/// arguments keep full relative accuracy (3e-7). Clamping at ±9, as ONNX
+/// Runtime's MLAS does, makes large arguments give exactly ±1.
 inline float fastTanh(float x) {
   // std::min/max in this order propagate NaN.
-  float c = std::max(std::min(x, 7.90531110763549805f), -7.90531110763549805f);
+  float c = std::max(std::min(x, 9.f), -9.f);
   float c2 = c * c;
   float p = -2.76076847742355e-16f;
   p = p * c2 + 2.00018790482477e-13f;
@@ -154,8 +156,8 @@ inline float fastTanh(float x) {
   return c * p / q;
 }
 
-/// erf(x) as Eigen's rational approximation; absolute error about 1e-7 (erf
-/// is ±1 in float beyond |x| = 4).
+/// erf(x) as Eigen's rational approximation; absolute error below 4e-7
+/// (erf is ±1 in float beyond |x| = 4).
 inline float fastErf(float x) {
   float c = std::max(std::min(x, 4.f), -4.f);
   float c2 = c * c;
@@ -296,9 +298,9 @@ inline void applyBlock(Out *out, int64_t len, F &f, const T *...in) {
 /// are numbered row by row, `blocksPerRow` per innermost row.
 template <typename Out, typename F, size_t... I, typename... T>
 void elementwiseBlocks(Out *out, F &f, int rank, const int64_t *shape,
-                       const int64_t (*strides)[kMaxRank],
-                       int64_t blocksPerRow, int64_t begin, int64_t end,
-                       std::index_sequence<I...>, In<T>... ins) {
+                       const int64_t (*strides)[kMaxRank], int64_t blocksPerRow,
+                       int64_t begin, int64_t end, std::index_sequence<I...>,
+                       In<T>... ins) {
   const int64_t n = shape[rank - 1];
   std::tuple<BlockSource<T>...> sources{
       BlockSource<T>(ins.data, strides[I][rank - 1])...};
@@ -334,9 +336,15 @@ void elementwiseBlocks(Out *out, F &f, int rank, const int64_t *shape,
 /// for every unary/binary/select/compare/cast op and fused chains of them.
 /// `out` is contiguous with `shape`; rank may be 0 (a scalar). `out` may be
 /// one of the inputs when that input is contiguous with the output's shape.
+/// `f` is called from several threads at once, so it must not keep state.
+///
+/// Dims that every operand walks contiguously (or broadcasts) are merged
+/// first. Inputs with unit or zero stride along the merged innermost dim cost
+/// nothing extra; any other input is gathered element by element, which is
+/// slow for large strides: a genuinely transposed operand is better served
+/// by `transpose`, which copies tiles.
 template <typename Out, typename F, typename... T>
-void elementwise(Out *out, int rank, const int64_t *shape, F f,
-                 In<T>... ins) {
+void elementwise(Out *out, int rank, const int64_t *shape, F f, In<T>... ins) {
   constexpr int kNumIn = sizeof...(T);
   assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
   int64_t dims[kMaxRank];
@@ -356,8 +364,8 @@ void elementwise(Out *out, int rank, const int64_t *shape, F f,
     out[0] = static_cast<Out>(f(ins.data[0]...));
     return;
   }
-  const int64_t blocksPerRow = (dims[r - 1] + detail::kBlock - 1) /
-                               detail::kBlock;
+  const int64_t blocksPerRow =
+      (dims[r - 1] + detail::kBlock - 1) / detail::kBlock;
   const int64_t numBlocks = total / dims[r - 1] * blocksPerRow;
   parallelFor(numBlocks, total, [&](int64_t begin, int64_t end) {
     detail::elementwiseBlocks(out, f, r, dims, strides, blocksPerRow, begin,
@@ -412,8 +420,8 @@ void concat(T *out, int numInputs, const T *const *ins, const int64_t *sizes,
 /// out[o][j][i] = in[o][idx[j]][i] with in [outer, dimSize, inner]; a
 /// negative index counts from the end.
 template <typename T, typename Idx>
-void gather(T *out, const T *in, const Idx *idx, int64_t outer,
-            int64_t dimSize, int64_t numIdx, int64_t inner);
+void gather(T *out, const T *in, const Idx *idx, int64_t outer, int64_t dimSize,
+            int64_t numIdx, int64_t inner);
 
 /// The gradient of gather: din = 0, then din[o][idx[j]][i] += dout[o][j][i],
 /// adding repeated indices in order of j. T is float or double.
@@ -459,8 +467,8 @@ void reduce(T *out, const T *in, int rank, const int64_t *shape,
 /// Softmax (or log-softmax) of x viewed as [outer, n, inner] along n. Entries
 /// of -inf get probability 0; a slice that is all -inf gives NaN, as in
 /// PyTorch.
-void softmax(float *y, const float *x, int64_t outer, int64_t n,
-             int64_t inner, bool log);
+void softmax(float *y, const float *x, int64_t outer, int64_t n, int64_t inner,
+             bool log);
 
 /// Given y = softmax(x) (or log_softmax(x)) and dy, dx = y·(dy - Σ dy·y)
 /// (or dy - e^y·Σ dy).
@@ -469,8 +477,8 @@ void softmaxGrad(float *dx, const float *y, const float *dy, int64_t outer,
 
 /// y = (x - mean)/√(var + eps)·scale + bias over rows of `cols`, with the
 /// biased variance as in PyTorch; bias may be null.
-void layerNorm(float *y, const float *x, const float *scale,
-               const float *bias, int64_t rows, int64_t cols, float eps);
+void layerNorm(float *y, const float *x, const float *scale, const float *bias,
+               int64_t rows, int64_t cols, float eps);
 
 /// The gradient of layerNorm; mean and variance are recomputed from x.
 /// dscale and dbias (nullable) are overwritten with sums over rows.
@@ -512,9 +520,8 @@ void crossEntropyGrad(float *dlogits, const float *logits, const Idx *targets,
 
 /// Negative log-likelihood of log-probabilities `input`.
 template <typename Idx>
-void nllLoss(float *loss, const float *input, const Idx *targets,
-             int64_t rows, int64_t classes, bool hasIgnore,
-             int64_t ignoreIndex, Reduction r);
+void nllLoss(float *loss, const float *input, const Idx *targets, int64_t rows,
+             int64_t classes, bool hasIgnore, int64_t ignoreIndex, Reduction r);
 
 template <typename Idx>
 void nllLossGrad(float *dinput, const Idx *targets, const float *dloss,
