@@ -47,6 +47,17 @@ else
   add 0 1
 fi
 
+echo "== end to end: compiled training vs PyTorch"
+"$py" "$root/test/e2e/train_vs_pytorch.py" --tool "$build/bin/fastllm-opt" \
+  2>&1 | grep -v "bytes, export" | tee "$logdir/e2e-train.log"
+line=$(grep -E "^e2e train tests: " "$logdir/e2e-train.log" | tail -1)
+if [[ -n "$line" ]]; then
+  add "$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")" \
+      "$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")"
+else
+  add 0 1
+fi
+
 echo "== ONNX operator tests (libonnx-testdata)"
 "$py" "$root/test/onnx_node_tests.py" --tool "$build/bin/fastllm-opt" \
   >"$logdir/onnx-node.log" 2>&1
