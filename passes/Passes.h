@@ -5,6 +5,7 @@
 
 #include "ir/ModelDialect.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Pass/Pass.h"
 
 namespace mlir::fastllm {

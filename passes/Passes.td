@@ -50,4 +50,24 @@ def PlanMemoryPass : Pass<"fastllm-plan-memory", "ModuleOp"> {
   ];
 }
 
+def FusePass : Pass<"fastllm-fuse", "func::FuncOp"> {
+  let summary = "recognises the composite patterns exporters spell out";
+  let description = [{
+    Replaces, when every intermediate has no other use:
+
+    - GELU, erf form `x * 0.5 * (1 + erf(x / sqrt(2)))` and tanh form
+      `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))`, with
+      `model.gelu` (factors in any order; `x / c` or `x * (1/c)`; `x^3` as a
+      product or a pow);
+    - RMSNorm `x * 1/sqrt(mean(x^2, last dims) + eps) * w` (the reciprocal
+      as a division, `reciprocal` or `rsqrt`) with `model.rms_norm`;
+    - SiLU `x * sigmoid(x)` with `model.silu` (so SwiGLU becomes
+      `silu(a) * b`).
+
+    Constants must match to within 1e-6 relative; anything else (another
+    constant, another operand, a reduction over other dims) is left alone.
+  }];
+  let dependentDialects = ["::mlir::fastllm::model::ModelDialect"];
+}
+
 #endif // FASTLLM_PASSES_TD

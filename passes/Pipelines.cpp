@@ -3,6 +3,7 @@
 #include "passes/Pipelines.h"
 #include "passes/Passes.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
 
@@ -11,6 +12,7 @@ using namespace mlir::fastllm;
 
 void mlir::fastllm::buildCpuTrainingPipeline(
     OpPassManager &pm, const TrainingPipelineOptions &options) {
+  pm.addNestedPass<func::FuncOp>(createFusePass());
   AutodiffPassOptions autodiff;
   autodiff.freeze = options.freeze;
   pm.addPass(createAutodiffPass(autodiff));
