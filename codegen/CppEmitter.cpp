@@ -599,6 +599,32 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
            << product(out.drop_front(dim + 1)) << ");\n  }\n";
         return success();
       })
+      .Case<CausalAttentionOp>([&](CausalAttentionOp o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        ArrayRef<int64_t> q = shapeOf(o.getQuery());
+        os << "  causalAttention(" << name(o.getResult()) << ", "
+           << name(o.getLse()) << ", " << name(o.getQuery()) << ", "
+           << name(o.getKey()) << ", " << name(o.getValue()) << ", "
+           << product(q.drop_back(2)) << ", " << q[q.size() - 2] << ", "
+           << q.back() << ", " << shapeOf(o.getValue()).back() << ", "
+           << llvm::format("%.9e", o.getScale().convertToDouble()) << "f);\n";
+        return success();
+      })
+      .Case<CausalAttentionGradOp>([&](CausalAttentionGradOp o) -> LogicalResult {
+        if (failed(bindAll()))
+          return failure();
+        ArrayRef<int64_t> q = shapeOf(o.getQuery());
+        os << "  causalAttentionGrad(" << name(o.getQueryGrad()) << ", "
+           << name(o.getKeyGrad()) << ", " << name(o.getValueGrad()) << ", "
+           << name(o.getQuery()) << ", " << name(o.getKey()) << ", "
+           << name(o.getValue()) << ", " << name(o.getOutput()) << ", "
+           << name(o.getLse()) << ", " << name(o.getGrad()) << ", "
+           << product(q.drop_back(2)) << ", " << q[q.size() - 2] << ", "
+           << q.back() << ", " << shapeOf(o.getValue()).back() << ", "
+           << llvm::format("%.9e", o.getScale().convertToDouble()) << "f);\n";
+        return success();
+      })
       .Default([&](Operation *o) {
         return o->emitOpError("is not supported by the CPU target");
       });

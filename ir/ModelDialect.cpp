@@ -435,6 +435,42 @@ LogicalResult RmsNormOp::verify() {
   return verifyNorm(*this, getInput(), {getScale()}, getDim(), getResult());
 }
 
+/// q, k: [..., t, d]; v and out: [..., t, dv]; lse: [..., t].
+static LogicalResult verifyAttentionShapes(Operation *op, Value q, Value k,
+                                           Value v, Value out, Value lse) {
+  ArrayRef<int64_t> qs = tensorType(q).getShape();
+  ArrayRef<int64_t> vs = tensorType(v).getShape();
+  if (qs.size() < 2)
+    return op->emitOpError("query must have rank >= 2, got ") << qs.size();
+  if (tensorType(k).getShape() != qs)
+    return op->emitOpError("key shape ")
+           << shapeStr(tensorType(k).getShape()) << " differs from query shape "
+           << shapeStr(qs);
+  if (vs.size() != qs.size() || vs.drop_back() != qs.drop_back())
+    return op->emitOpError("value shape ")
+           << shapeStr(vs) << " should be " << shapeStr(qs.drop_back())
+           << " plus a feature dim";
+  if (tensorType(out).getShape() != vs)
+    return op->emitOpError("output shape ")
+           << shapeStr(tensorType(out).getShape()) << " should be "
+           << shapeStr(vs);
+  if (tensorType(lse).getShape() != qs.drop_back())
+    return op->emitOpError("lse shape ")
+           << shapeStr(tensorType(lse).getShape()) << " should be "
+           << shapeStr(qs.drop_back());
+  return verifySameElementType(op, {q, k, v, out, lse});
+}
+
+LogicalResult CausalAttentionOp::verify() {
+  return verifyAttentionShapes(*this, getQuery(), getKey(), getValue(),
+                               getResult(), getLse());
+}
+
+LogicalResult CausalAttentionGradOp::verify() {
+  return verifyAttentionShapes(*this, getQuery(), getKey(), getValue(),
+                               getOutput(), getLse());
+}
+
 //===----------------------------------------------------------------------===//
 // Losses
 //===----------------------------------------------------------------------===//

@@ -589,3 +589,19 @@ LogicalResult NllLossOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                     getReduction());
   return success();
 }
+
+LogicalResult CausalAttentionOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
+                                                SmallVectorImpl<Value> &og) {
+  resetGrads(*this, og);
+  // The lse result only feeds the backward; nothing differentiates it.
+  if (!rg[0])
+    return success();
+  auto grads = b.create<CausalAttentionGradOp>(
+      getLoc(), getQuery().getType(), getKey().getType(), getValue().getType(),
+      getQuery(), getKey(), getValue(), getResult(), getLse(), rg[0],
+      getScaleAttr());
+  og[0] = grads.getQueryGrad();
+  og[1] = grads.getKeyGrad();
+  og[2] = grads.getValueGrad();
+  return success();
+}

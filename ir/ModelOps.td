@@ -413,6 +413,58 @@ def Model_RmsNormOp : Model_Op<"rms_norm", [Pure, Differentiable]> {
   let hasVerifier = 1;
 }
 
+def Model_CausalAttentionOp : Model_Op<"causal_attention", [Pure, Differentiable]> {
+  let summary = "fused causal self-attention: softmax(scale * q k^T, causal) v";
+  let description = [{
+    q, k: `[..., t, d]`, v: `[..., t, dv]`; query i attends to keys j <= i.
+    The second result is the log-sum-exp of each masked, scaled score row,
+    `[..., t]`, kept for the backward so the `t x t` scores are never stored.
+    `fastllm-fuse` forms it from the matmul, scale, mask, softmax, matmul
+    chain exporters write.
+
+    ```mlir
+    %o, %lse = model.causal_attention %q, %k, %v scale 1.250000e-01
+        : tensor<2x4x16x64xf32>, tensor<2x4x16x64xf32>, tensor<2x4x16x64xf32>
+        -> tensor<2x4x16x64xf32>, tensor<2x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$query, Model_FloatTensor:$key,
+                       Model_FloatTensor:$value, F32Attr:$scale);
+  let results = (outs Model_FloatTensor:$result, Model_FloatTensor:$lse);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value `scale` $scale attr-dict `:` type($query) `,`
+    type($key) `,` type($value) `->` type($result) `,` type($lse)
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_CausalAttentionGradOp : Model_Op<"causal_attention_grad", [Pure,
+    AllTypesMatch<["query", "query_grad"]>, AllTypesMatch<["key", "key_grad"]>,
+    AllTypesMatch<["value", "value_grad"]>, AllTypesMatch<["output", "grad"]>]> {
+  let summary = "gradients of model.causal_attention w.r.t. q, k and v";
+  let description = [{
+    Recomputes the attention probabilities from q, k and the saved lse.
+
+    ```mlir
+    %dq, %dk, %dv = model.causal_attention_grad %q, %k, %v, %o, %lse, %do
+        scale 1.250000e-01 : tensor<2x4x16x64xf32>, tensor<2x4x16x64xf32>,
+        tensor<2x4x16x64xf32>, tensor<2x4x16x64xf32>, tensor<2x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$query, Model_FloatTensor:$key,
+                       Model_FloatTensor:$value, Model_FloatTensor:$output,
+                       Model_FloatTensor:$lse, Model_FloatTensor:$grad,
+                       F32Attr:$scale);
+  let results = (outs Model_FloatTensor:$query_grad, Model_FloatTensor:$key_grad,
+                      Model_FloatTensor:$value_grad);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value `,` $output `,` $lse `,` $grad `scale` $scale
+    attr-dict `:` type($query) `,` type($key) `,` type($value) `,`
+    type($output) `,` type($lse)
+  }];
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Losses
 //===----------------------------------------------------------------------===//

@@ -281,11 +281,129 @@ struct SiluPattern : OpRewritePattern<MulOp> {
   }
 };
 
+/// Causal attention: softmax(mask(scale * q k^T)) v, the mask keeping
+/// keys j <= i.
+struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(MatmulOp root, PatternRewriter &rewriter) const override {
+    auto softmax = root.getLhs().getDefiningOp<SoftmaxOp>();
+    if (!softmax || !root.getLhs().hasOneUse())
+      return failure();
+    Value masked = softmax.getInput();
+    int64_t rank = typeOf(masked).getRank();
+    if (rank < 2 || softmax.getDim() != rank - 1 || !masked.hasOneUse())
+      return failure();
+    auto select = masked.getDefiningOp<SelectOp>();
+    if (!select)
+      return failure();
+    // Either select(future, fill, scores) or select(past, scores, fill).
+    Value scores;
+    bool maskIsFuture;
+    if (isFill(select.getOnTrue())) {
+      scores = select.getOnFalse();
+      maskIsFuture = true;
+    } else if (isFill(select.getOnFalse())) {
+      scores = select.getOnTrue();
+      maskIsFuture = false;
+    } else {
+      return failure();
+    }
+    if (!scores.hasOneUse() || typeOf(scores) != typeOf(masked) ||
+        !isCausalMask(select.getCondition(), typeOf(scores), maskIsFuture))
+      return failure();
+    // Optional scaling of the scores.
+    double scale = 1.0;
+    Value qk = scores;
+    if (auto mul = scores.getDefiningOp<MulOp>()) {
+      for (auto [x, c] : {std::pair{mul.getLhs(), mul.getRhs()},
+                          std::pair{mul.getRhs(), mul.getLhs()}})
+        if (std::optional<double> v = splatValue(c); v && x.getType() == scores.getType()) {
+          scale = *v;
+          qk = x;
+        }
+    } else if (auto div = scores.getDefiningOp<DivOp>()) {
+      if (std::optional<double> v = splatValue(div.getRhs());
+          v && *v != 0 && div.getLhs().getType() == scores.getType()) {
+        scale = 1.0 / *v;
+        qk = div.getLhs();
+      }
+    }
+    if (qk != scores && !qk.hasOneUse())
+      return failure();
+    auto matmul = qk.getDefiningOp<MatmulOp>();
+    if (!matmul)
+      return failure();
+    Value q = matmul.getLhs(), kt = matmul.getRhs(), v = root.getRhs();
+    RankedTensorType qType = typeOf(q), ktType = typeOf(kt), vType = typeOf(v);
+    if (qType.getRank() != rank || ktType.getRank() != rank ||
+        vType.getRank() != rank ||
+        qType.getShape().drop_back(2) != ktType.getShape().drop_back(2) ||
+        vType.getShape().drop_back() != qType.getShape().drop_back() ||
+        qType.getShape().back() != ktType.getDimSize(rank - 2))
+      return failure();
+
+    // k itself, [..., t, d]: undo the transpose that made k^T when there is
+    // one, else transpose k^T back.
+    SmallVector<int64_t> swap;
+    for (int64_t i = 0; i < rank; ++i)
+      swap.push_back(i);
+    std::swap(swap[rank - 1], swap[rank - 2]);
+    Location loc = root.getLoc();
+    Value k;
+    if (auto t = kt.getDefiningOp<TransposeOp>(); t && kt.hasOneUse()) {
+      SmallVector<int64_t> perm(t.getPermutation());
+      std::swap(perm[rank - 1], perm[rank - 2]);
+      bool identity = llvm::equal(perm, llvm::seq<int64_t>(0, rank));
+      k = identity ? t.getInput()
+                   : rewriter.create<TransposeOp>(loc, qType, t.getInput(), perm)
+                         .getResult();
+    } else {
+      k = rewriter.create<TransposeOp>(loc, qType, kt, swap).getResult();
+    }
+    if (typeOf(k) != qType)
+      return failure();
+    auto lseType = RankedTensorType::get(qType.getShape().drop_back(),
+                                         qType.getElementType());
+    auto attention = rewriter.create<CausalAttentionOp>(
+        loc, root.getType(), lseType, q, k, v, rewriter.getF32FloatAttr(scale));
+    rewriter.replaceOp(root, attention.getResult());
+    return success();
+  }
+
+  /// -inf, or a value so negative that exp() of it is 0 in float.
+  static bool isFill(Value v) {
+    std::optional<double> c = splatValue(v);
+    return c && *c <= -1e30;
+  }
+
+  /// `cond` is a constant [.., t, t] (leading dims 1) that is true exactly
+  /// where key j > query i (future) or j <= i (past).
+  static bool isCausalMask(Value cond, RankedTensorType scores, bool future) {
+    auto c = cond.getDefiningOp<ConstantOp>();
+    auto dense = c ? dyn_cast<DenseElementsAttr>(c.getValue()) : nullptr;
+    if (!dense || !dense.getElementType().isInteger(1))
+      return false;
+    ArrayRef<int64_t> shape = typeOf(cond).getShape();
+    int64_t t = scores.getShape().back();
+    if (shape.size() < 2 || shape.back() != t || shape[shape.size() - 2] != t ||
+        scores.getDimSize(scores.getRank() - 2) != t ||
+        llvm::any_of(shape.drop_back(2), [](int64_t d) { return d != 1; }))
+      return false;
+    auto values = dense.getValues<bool>();
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < t; ++j)
+        if (values[i * t + j] != (future ? j > i : j <= i))
+          return false;
+    return true;
+  }
+};
+
 struct FusePass : fastllm::impl::FusePassBase<FusePass> {
   void runOnOperation() override {
     RewritePatternSet patterns(&getContext());
     // Larger patterns first: GELU and RMSNorm contain plain products.
-    patterns.add<GeluPattern, RmsNormPattern>(&getContext(), /*benefit=*/2);
+    patterns.add<GeluPattern, RmsNormPattern, CausalAttentionPattern>(
+        &getContext(), /*benefit=*/2);
     patterns.add<SiluPattern>(&getContext(), /*benefit=*/1);
     if (failed(applyPatternsAndFoldGreedily(getOperation(), std::move(patterns))))
       return signalPassFailure();

@@ -62,7 +62,10 @@ def FusePass : Pass<"fastllm-fuse", "func::FuncOp"> {
     - RMSNorm `x * 1/sqrt(mean(x^2, last dims) + eps) * w` (the reciprocal
       as a division, `reciprocal` or `rsqrt`) with `model.rms_norm`;
     - SiLU `x * sigmoid(x)` with `model.silu` (so SwiGLU becomes
-      `silu(a) * b`).
+      `silu(a) * b`);
+    - causal attention `softmax(mask(scale * q k^T)) v`, the mask a constant
+      keeping keys j <= i (filled with -inf or a huge negative value), with
+      `model.causal_attention`.
 
     Constants must match to within 1e-6 relative; anything else (another
     constant, another operand, a reduction over other dims) is left alone.

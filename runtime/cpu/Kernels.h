@@ -495,6 +495,36 @@ void rmsNormGrad(float *dx, float *dscale, const float *x, const float *scale,
                  const float *dy, int64_t rows, int64_t cols, float eps);
 
 //===----------------------------------------------------------------------===//
+// Attention
+//===----------------------------------------------------------------------===//
+//
+// Fused causal self-attention: the same values as the unfused chain
+//   scores = (q @ kᵀ)·scale; scores.masked_fill(j > i, -inf);
+//   p = softmax(scores, -1); out = p @ v
+// and its autograd gradients, without the [t, t] scores in memory: each
+// thread holds the scores of one block of query rows against the keys up to
+// the diagonal, and blocks above the diagonal are never computed.
+
+/// Causal attention over `batch` independent (batch x heads) problems:
+/// O = softmax(scale * Q K^T, masked so that query i sees keys j <= i) V,
+/// with q, k: [batch, t, d], v: [batch, t, dv], out: [batch, t, dv], and
+/// lse: [batch, t] = the log-sum-exp of each masked, scaled score row (saved
+/// for the backward). Never materialises more than a block of the t x t
+/// scores per thread.
+void causalAttention(float *out, float *lse, const float *q, const float *k,
+                     const float *v, int64_t batch, int64_t t, int64_t d,
+                     int64_t dv, float scale);
+
+/// Gradients of causalAttention: dQ, dK: [batch, t, d], dV: [batch, t, dv]
+/// (overwritten), from q, k, v, the forward's out and lse, and dout. With
+/// D_i = Σ dout_i·out_i and P recomputed from q, k and lse: dV = Pᵀ dout,
+/// dS = P∘(dout vᵀ - D), dQ = scale·dS k, dK = scale·dSᵀ q.
+void causalAttentionGrad(float *dQ, float *dK, float *dV, const float *q,
+                         const float *k, const float *v, const float *out,
+                         const float *lse, const float *dout, int64_t batch,
+                         int64_t t, int64_t d, int64_t dv, float scale);
+
+//===----------------------------------------------------------------------===//
 // Losses
 //===----------------------------------------------------------------------===//
 //

@@ -459,3 +459,61 @@ func.func @f() {
   %0 = "model.constant"() <{value = dense<1.0> : tensor<2xf32>}> : () -> tensor<?xf32>
   return
 }
+
+// -----
+
+model.parameter @p : tensor<8xf32>
+func.func @f(%g: tensor<4xf32>) {
+  // expected-error @+1 {{gradient type 'tensor<4xf32>' does not match parameter type 'tensor<8xf32>'}}
+  model.accumulate_grad @p, %g : tensor<4xf32>
+  return
+}
+
+// -----
+
+model.parameter @p : tensor<8xf32> {frozen}
+func.func @f(%g: tensor<8xf32>) {
+  // expected-error @+1 {{parameter 'p' is frozen}}
+  model.accumulate_grad @p, %g : tensor<8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<2x2xf32>) {
+  // expected-error @+1 {{grad shape [2, 2] should be the slice's shape [2, 3]}}
+  %0 = model.slice_grad %g start [0, 0] limit [2, 6] stride [1, 2] : tensor<2x2xf32> -> tensor<2x6xf32>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<2x4x8xf32>, %i: tensor<2x4xi64>) {
+  // expected-error @+1 {{grad shape [2, 4, 8] should be [2, 4, 4]}}
+  %0 = model.gather_grad %g at %i dim 0 : tensor<2x4x8xf32>, tensor<2x4xi64> -> tensor<16x4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<4x16xf32>, %t: tensor<4xi64>, %g: tensor<4xf32>) {
+  // expected-error @+1 {{loss gradient shape [4] should be [] (a scalar)}}
+  %0 = model.cross_entropy_grad %l, %t, %g reduction mean : tensor<4x16xf32>, tensor<4xi64>, tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<2x3x4xf32>, %k: tensor<2x5x4xf32>, %v: tensor<2x3x4xf32>) {
+  // expected-error @+1 {{key shape [2, 5, 4] differs from query shape [2, 3, 4]}}
+  %o, %l = model.causal_attention %q, %k, %v scale 1.0 : tensor<2x3x4xf32>, tensor<2x5x4xf32>, tensor<2x3x4xf32> -> tensor<2x3x4xf32>, tensor<2x3xf32>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<2x3x4xf32>, %v: tensor<2x3x4xf32>) {
+  // expected-error @+1 {{lse shape [2] should be [2, 3]}}
+  %o, %l = model.causal_attention %q, %q, %v scale 1.0 : tensor<2x3x4xf32>, tensor<2x3x4xf32>, tensor<2x3x4xf32> -> tensor<2x3x4xf32>, tensor<2xf32>
+  return
+}
