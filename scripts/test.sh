@@ -58,6 +58,17 @@ else
   add 0 1
 fi
 
+echo "== gradient rules vs PyTorch autograd"
+"$py" "$root/test/e2e/gradcheck.py" --tool "$build/bin/fastllm-opt" \
+  2>&1 | tee "$logdir/gradcheck.log" | grep -E "^(FAIL|gradcheck)"
+line=$(grep -E "^gradcheck: " "$logdir/gradcheck.log" | tail -1)
+if [[ -n "$line" ]]; then
+  add "$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")" \
+      "$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")"
+else
+  add 0 1
+fi
+
 echo "== ONNX operator tests (libonnx-testdata)"
 "$py" "$root/test/onnx_node_tests.py" --tool "$build/bin/fastllm-opt" \
   >"$logdir/onnx-node.log" 2>&1
