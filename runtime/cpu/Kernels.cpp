@@ -907,11 +907,19 @@ void rmsNormGrad(float *dx, float *dscale, const float *x, const float *scale,
 
 namespace {
 
-/// Query rows per block. A block's scores against all keys up to the diagonal
-/// (at most kAttnBlock·t floats, 256 KiB at t = 1024) stay in L2, and the
-/// products on them are large enough for OpenBLAS to run near its peak; the
-/// half of the diagonal block above the diagonal is wasted work.
-constexpr int64_t kAttnBlock = 64;
+/// The most query rows per block.
+constexpr int64_t kAttnMaxBlock = 64;
+
+/// Query rows per block. Each block multiplies its rows against all keys up
+/// to the diagonal (skipping the blocks above it), and in the diagonal block
+/// computes the upper half only to mask it: smaller blocks waste less there,
+/// larger ones reread the keys fewer times. Measured on AVX-512 with
+/// OpenBLAS, 32 rows are faster while a problem's keys and values fit in
+/// 128 KiB, 64 beyond. A function of the shapes alone, as the backward's sums
+/// depend on it.
+int64_t attentionBlockRows(int64_t t, int64_t d, int64_t dv) {
+  return t * std::max(d, dv) <= 32768 ? 32 : kAttnMaxBlock;
+}
 
 /// The backward splits each problem's query blocks into groups until there
 /// are this many units of work (a function of the shapes alone, so the sums
@@ -977,12 +985,12 @@ void transposeInto(float *dst, int64_t ld, const float *src, int64_t rows,
     }
 }
 
-/// One problem's query blocks cut into contiguous groups of about equal cost
-/// (rows times keys seen): group g runs blocks [first[g], first[g + 1]), in
-/// order. A group may be empty.
+/// One problem's query blocks of `rows` rows, cut into contiguous groups of
+/// about equal cost (rows times keys seen): group g runs blocks [first[g],
+/// first[g + 1]), in order. A group may be empty.
 struct BlockGroups {
-  BlockGroups(int64_t t, int64_t wanted)
-      : t(t), blocks((t + kAttnBlock - 1) / kAttnBlock),
+  BlockGroups(int64_t t, int64_t rows, int64_t wanted)
+      : t(t), rows(rows), blocks((t + rows - 1) / rows),
         groups(std::clamp<int64_t>(wanted, 1, blocks)),
         first(groups + 1, blocks) {
     int64_t total = 0;
@@ -997,19 +1005,16 @@ struct BlockGroups {
     }
   }
 
-  int64_t rowsOf(int64_t blk) const {
-    return std::min(kAttnBlock, t - blk * kAttnBlock);
-  }
+  int64_t rowsOf(int64_t blk) const { return std::min(rows, t - blk * rows); }
   int64_t cost(int64_t blk) const {
-    return rowsOf(blk) * (blk * kAttnBlock + rowsOf(blk));
+    return rowsOf(blk) * (blk * rows + rowsOf(blk));
   }
   /// The rows of group g see keys [0, keysOf(g)).
   int64_t keysOf(int64_t g) const {
-    return first[g] == first[g + 1] ? 0
-                                    : std::min(t, first[g + 1] * kAttnBlock);
+    return first[g] == first[g + 1] ? 0 : std::min(t, first[g + 1] * rows);
   }
 
-  int64_t t, blocks, groups;
+  int64_t t, rows, blocks, groups;
   std::vector<int64_t> first;
 };
 
@@ -1019,16 +1024,20 @@ struct BlockGroups {
 void attentionBlock(float *out, float *lse, const float *q, const float *kt,
                     int64_t ldt, const float *v, int64_t i0, int64_t rows,
                     int64_t d, int64_t dv, float scale, float *s) {
+  assert(rows <= kAttnMaxBlock && "block above kAttnMaxBlock");
   const int64_t n = i0 + rows; // the keys the block's last row sees
   sgemm(false, false, rows, n, d, scale, q + i0 * d, d, kt, ldt, 0.f, s, n);
-  float inv[kAttnBlock];
+  float inv[kAttnMaxBlock];
   for (int64_t r = 0; r < rows; ++r) {
+    // Masked scores become -inf, whose exponential is an exact 0. The loops
+    // then run over whole rows, whose length is a multiple of 16 but in the
+    // last block: row by row up to the diagonal, they would spend more time
+    // in scalar remainders than in vector code.
     float *sr = s + r * n;
-    const int64_t len = i0 + r + 1;
-    float m = rowMax(sr, len);
+    std::fill(sr + i0 + r + 1, sr + n, -std::numeric_limits<float>::infinity());
+    float m = rowMax(sr, n);
     float sum = laneSum<float>(
-        len, [&](int64_t j) { return sr[j] = fastExp(sr[j] - m); });
-    std::fill(sr + len, sr + n, 0.f);
+        n, [&](int64_t j) { return sr[j] = fastExp(sr[j] - m); });
     lse[i0 + r] = m + std::log(sum);
     inv[r] = 1.f / sum;
   }
@@ -1059,15 +1068,14 @@ void attentionGradBlock(float *dQ, float *accK, float *accV, const float *q,
     float dsum = static_cast<float>(laneSum<double>(
         dv, [&](int64_t c) { return double(grow[c]) * orow[c]; }));
     float l = lse[i0 + r];
+    // As in attentionBlock: masked entries get p = e^-inf = 0, so ds = 0.
     float *pr = p + r * n, *dr = ds + r * n;
-    const int64_t len = i0 + r + 1;
-    for (int64_t j = 0; j < len; ++j) {
+    std::fill(pr + i0 + r + 1, pr + n, -std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < n; ++j) {
       float pj = fastExp(pr[j] - l);
       pr[j] = pj;
       dr[j] = pj * (dr[j] - dsum);
     }
-    std::fill(pr + len, pr + n, 0.f);
-    std::fill(dr + len, dr + n, 0.f);
   }
   sgemm(true, false, n, dv, rows, 1.f, p, n, gb, dv, 1.f, accV, dv);
   sgemm(true, false, n, d, rows, scale, ds, n, qb, d, 1.f, accK, d);
@@ -1088,8 +1096,9 @@ void causalAttention(float *out, float *lse, const float *q, const float *k,
   // that dynamic scheduling evens out unequal groups.
   const int threads = attentionThreads(batch, t, d, dv);
   const BlockGroups groups(
-      t, threads == 1 ? 1 : (kAttnMinUnits * threads + batch - 1) / batch);
-  const int64_t rowsMax = std::min(kAttnBlock, t);
+      t, attentionBlockRows(t, d, dv),
+      threads == 1 ? 1 : (kAttnMinUnits * threads + batch - 1) / batch);
+  const int64_t rowsMax = std::min(groups.rows, t);
   forEachUnit(batch * groups.groups, threads, (rowsMax + d) * t,
               [&](int64_t u, float *scratch) {
                 int64_t b = u / groups.groups, g = u % groups.groups;
@@ -1098,7 +1107,7 @@ void causalAttention(float *out, float *lse, const float *q, const float *k,
                 for (int64_t blk = groups.first[g]; blk < groups.first[g + 1];
                      ++blk)
                   attentionBlock(out + b * t * dv, lse + b * t, q + b * t * d,
-                                 kt, t, v + b * t * dv, blk * kAttnBlock,
+                                 kt, t, v + b * t * dv, blk * groups.rows,
                                  groups.rowsOf(blk), d, dv, scale, scratch);
               });
 }
@@ -1114,10 +1123,11 @@ void causalAttentionGrad(float *dQ, float *dK, float *dV, const float *q,
   // into dK and dV (one group) or into key gradients of its own that are
   // summed over groups in order afterwards. The grouping depends on the
   // shapes alone, so the sums do not depend on the thread count.
-  const BlockGroups groups(t, (kAttnMinUnits + batch - 1) / batch);
+  const BlockGroups groups(t, attentionBlockRows(t, d, dv),
+                           (kAttnMinUnits + batch - 1) / batch);
   const int64_t numGroups = groups.groups, width = d + dv;
   std::vector<float> partial(numGroups > 1 ? batch * numGroups * t * width : 0);
-  const int64_t rowsMax = std::min(kAttnBlock, t);
+  const int64_t rowsMax = std::min(groups.rows, t);
 
   forEachUnit(
       batch * numGroups, attentionThreads(batch, t, d, dv),
@@ -1135,7 +1145,7 @@ void causalAttentionGrad(float *dQ, float *dK, float *dV, const float *q,
         transposeInto(kt, t, k + b * t * d, keys, d);
         transposeInto(vt, t, v + b * t * dv, keys, dv);
         for (int64_t blk = groups.first[g]; blk < groups.first[g + 1]; ++blk) {
-          int64_t i0 = blk * kAttnBlock, rows = groups.rowsOf(blk);
+          int64_t i0 = blk * groups.rows, rows = groups.rowsOf(blk);
           attentionGradBlock(dQ + b * t * d, accK, accV, q + b * t * d,
                              k + b * t * d, kt, vt, t, out + b * t * dv,
                              lse + b * t, dout + b * t * dv, i0, rows, d, dv,

@@ -1232,28 +1232,31 @@ void checkAttention(const AttentionCase &c, unsigned seed, double tol = 2e-6,
 }
 
 // Tests causalAttention and its gradients against the unfused computation in
-// double: one row, d != dv, one whole block, t just past one block and not a
-// multiple of it, batch 1 (the backward splits each problem's blocks into
-// groups), a batch large enough not to split, and scores in the tens (peaked
-// rows, where float rounding of the scores shows most).
+// double: one row; d != dv; exactly one and two blocks (of 32 rows), one row
+// past a block and t not a multiple of the block; 64-row blocks (large
+// t·d), again with t not a multiple; batch 1 and 2 (the backward splits each
+// problem's blocks into groups) and 9 (it does not); scores in the tens
+// (peaked rows, where float rounding of the scores shows most).
 TEST(AttentionTest, MatchesUnfusedReference) {
   checkAttention({1, 1, 4, 4, 0.5f}, 120);
   checkAttention({2, 5, 3, 7, 0.6f}, 121);
-  checkAttention({3, 64, 16, 16, 0.25f}, 122);
-  checkAttention({1, 65, 8, 12, 0.3f}, 123);
-  checkAttention({2, 130, 32, 24, 0.17f}, 124);
-  checkAttention({1, 200, 8, 8, 0.35f}, 125);
-  checkAttention({9, 100, 16, 20, 0.25f}, 126);
-  checkAttention({2, 257, 64, 64, 0.125f}, 127);
-  checkAttention({2, 150, 32, 32, 1.f}, 128, 8e-6);
+  checkAttention({3, 32, 16, 16, 0.25f}, 122);
+  checkAttention({2, 64, 16, 8, 0.25f}, 123);
+  checkAttention({1, 33, 8, 12, 0.3f}, 124);
+  checkAttention({2, 130, 32, 24, 0.17f}, 125);
+  checkAttention({1, 200, 8, 8, 0.35f}, 126);
+  checkAttention({9, 100, 16, 20, 0.25f}, 127);
+  checkAttention({2, 257, 64, 64, 0.125f}, 128);
+  checkAttention({1, 300, 128, 120, 0.09f}, 129);
+  checkAttention({2, 150, 32, 32, 1.f}, 130, 8e-6);
 }
 
 // Tests the gradients against central differences of the forward kernel, so
 // that the backward formulas themselves are checked, not only their coding.
 TEST(AttentionTest, GradIsTheDerivative) {
-  for (AttentionCase c : {AttentionCase{2, 5, 3, 7, 0.6f},
-                          AttentionCase{1, 70, 8, 6, 0.4f}}) {
-    AttentionRun run(c, 130);
+  for (AttentionCase c :
+       {AttentionCase{2, 5, 3, 7, 0.6f}, AttentionCase{1, 70, 8, 6, 0.4f}}) {
+    AttentionRun run(c, 131);
     auto objective = [&](const std::vector<float> &q,
                          const std::vector<float> &k,
                          const std::vector<float> &v) {
@@ -1265,25 +1268,26 @@ TEST(AttentionTest, GradIsTheDerivative) {
     std::string what = describe(c);
     checkFiniteDifferences(
         run.q, run.dq,
-        [&](const auto &qs) { return objective(qs, run.k, run.v); }, 1e-2,
-        2e-3, what + " dq");
+        [&](const auto &qs) { return objective(qs, run.k, run.v); }, 1e-2, 2e-3,
+        what + " dq");
     checkFiniteDifferences(
         run.k, run.dk,
-        [&](const auto &ks) { return objective(run.q, ks, run.v); }, 1e-2,
-        2e-3, what + " dk");
+        [&](const auto &ks) { return objective(run.q, ks, run.v); }, 1e-2, 2e-3,
+        what + " dk");
     checkFiniteDifferences(
         run.v, run.dv,
-        [&](const auto &vs) { return objective(run.q, run.k, vs); }, 1e-2,
-        2e-3, what + " dv");
+        [&](const auto &vs) { return objective(run.q, run.k, vs); }, 1e-2, 2e-3,
+        what + " dv");
   }
 }
 
 #ifdef _OPENMP
 // Tests that attention and its gradients are bitwise the same on 1 and 3
-// threads, with the backward splitting problems into groups (batch 3) and
-// not (batch 9).
+// threads, with the backward splitting problems into groups (batch 3, with
+// 32- and 64-row blocks) and not (batch 9).
 TEST(AttentionTest, SameBitsOnAnyTeam) {
   for (AttentionCase c : {AttentionCase{3, 300, 32, 40, 0.2f},
+                          AttentionCase{3, 300, 128, 128, 0.1f},
                           AttentionCase{9, 130, 16, 16, 0.25f}}) {
     int saved = omp_get_max_threads();
     omp_set_num_threads(1);
