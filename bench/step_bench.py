@@ -18,6 +18,14 @@ import sys
 import tempfile
 import time
 
+# Debian's OpenBLAS 0.3.21 does not recognise recent x86 cores and falls back
+# to its SSE3 ("Prescott") kernels, about 5x slower. PyTorch here does its
+# GEMMs through that OpenBLAS; name the right core so the comparison is
+# against PyTorch at its best (fastllm's kernels make the same choice).
+if "OPENBLAS_CORETYPE" not in os.environ:
+    flags = open("/proc/cpuinfo").read()
+    os.environ["OPENBLAS_CORETYPE"] = "SkylakeX" if "avx512f" in flags else "Haswell"
+
 import numpy as np
 import torch
 
@@ -75,7 +83,8 @@ for i in range(args.warmup + args.steps):
 
 a, b = statistics.median(ours), statistics.median(theirs)
 print(f"GPT-2 style d256 x 4 layers, 4 heads, seq {T}, batch {B}, vocab {args.vocab}, "
-      f"{args.threads} threads, median of {args.steps} steps after {args.warmup}")
+      f"{args.threads} threads, median of {args.steps} steps after {args.warmup}, "
+      f"OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']}")
 print(f"  fastllm (CPU, fp32): {a:8.1f} ms/step  ({B * T / a * 1e3:8.0f} tok/s, arena {arena / 2**20:.0f} MiB)")
 print(f"  PyTorch eager      : {b:8.1f} ms/step  ({B * T / b * 1e3:8.0f} tok/s)")
 print(f"  ratio PyTorch/fastllm: {b / a:.2f} (target >= 1.0, goal 1.5)")
