@@ -266,7 +266,7 @@ struct RmsNormPattern : OpRewritePattern<MulOp> {
 
 /// SiLU: x * sigmoid(x).
 struct SiluPattern : OpRewritePattern<MulOp> {
-  using OpRewritePattern::OpRewritePattern;
+  SiluPattern(MLIRContext *context) : OpRewritePattern(context, /*benefit=*/1) {}
   LogicalResult matchAndRewrite(MulOp mul, PatternRewriter &rewriter) const override {
     for (auto [x, s] : {std::pair{mul.getLhs(), mul.getRhs()},
                         std::pair{mul.getRhs(), mul.getLhs()}}) {
@@ -398,13 +398,31 @@ struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
   }
 };
 
+/// 1 / sqrt(x), as a reciprocal or a division, is model.rsqrt.
+struct RsqrtPattern : RewritePattern {
+  RsqrtPattern(MLIRContext *context)
+      : RewritePattern(MatchAnyOpTypeTag(), /*benefit=*/1, context) {}
+  LogicalResult matchAndRewrite(Operation *op, PatternRewriter &rewriter) const override {
+    Value s;
+    if (auto rec = dyn_cast<ReciprocalOp>(op))
+      s = rec.getInput();
+    else if (auto div = dyn_cast<DivOp>(op); div && isConstant(div.getLhs(), 1.0))
+      s = div.getRhs();
+    auto sqrt = s ? s.getDefiningOp<SqrtOp>() : nullptr;
+    if (!sqrt || !s.hasOneUse() || s.getType() != op->getResult(0).getType())
+      return failure();
+    rewriter.replaceOpWithNewOp<RsqrtOp>(op, sqrt.getInput());
+    return success();
+  }
+};
+
 struct FusePass : fastllm::impl::FusePassBase<FusePass> {
   void runOnOperation() override {
     RewritePatternSet patterns(&getContext());
     // Larger patterns first: GELU and RMSNorm contain plain products.
     patterns.add<GeluPattern, RmsNormPattern, CausalAttentionPattern>(
         &getContext(), /*benefit=*/2);
-    patterns.add<SiluPattern>(&getContext(), /*benefit=*/1);
+    patterns.add<SiluPattern, RsqrtPattern>(&getContext());
     if (failed(applyPatternsAndFoldGreedily(getOperation(), std::move(patterns))))
       return signalPassFailure();
   }

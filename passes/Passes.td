@@ -63,6 +63,7 @@ def FusePass : Pass<"fastllm-fuse", "func::FuncOp"> {
       as a division, `reciprocal` or `rsqrt`) with `model.rms_norm`;
     - SiLU `x * sigmoid(x)` with `model.silu` (so SwiGLU becomes
       `silu(a) * b`);
+    - `1 / sqrt(x)` (a division or `reciprocal`) with `model.rsqrt`;
     - causal attention `softmax(mask(scale * q k^T)) v`, the mask a constant
       keeping keys j <= i (filled with -inf or a huge negative value), with
       `model.causal_attention`.

@@ -21,6 +21,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
@@ -153,7 +154,7 @@ static bool buildBinary(StringRef dir) {
 int fastllm::compileMain(int argc, char **argv) {
   cl::OptionCategory category("fastllm-opt compile options");
   cl::opt<std::string> input(cl::Positional, cl::Required,
-                             cl::desc("<model.onnx | model.onnxtext>"),
+                             cl::desc("<model.onnx | model.onnxtext | model.mlir>"),
                              cl::cat(category));
   cl::opt<std::string> outDir("o", cl::Required,
                               cl::desc("Output folder (created if needed)"),
@@ -223,7 +224,31 @@ int fastllm::compileMain(int argc, char **argv) {
     fastllm::printDiagnostic(diag);
     return success();
   });
-  OwningOpRef<ModuleOp> module = fastllm::importOnnxFile(&context, input, options);
+  // A model-dialect module (`fastllm-opt import` output, or hand-written IR
+  // for compiler work) skips the importer; its shapes are already static and
+  // must agree with --batch-size / --seq-len.
+  OwningOpRef<ModuleOp> module;
+  if (StringRef(input).ends_with(".mlir")) {
+    module = parseSourceFile<ModuleOp>(input.getValue(), &context);
+    if (!module)
+      return 1;
+    auto forward = module->lookupSymbol<func::FuncOp>("forward");
+    if (!forward || forward.getNumArguments() == 0) {
+      compileError() << input << " has no func.func @forward with inputs\n";
+      return 1;
+    }
+    auto tokens = dyn_cast<RankedTensorType>(forward.getArgument(0).getType());
+    if (!tokens || tokens.getRank() != 2 || tokens.getDimSize(0) != batchSize ||
+        tokens.getDimSize(1) != seqLen) {
+      compileError() << "the first input of @forward is "
+                     << forward.getArgument(0).getType()
+                     << ", not the [batch-size, seq-len] = [" << batchSize
+                     << ", " << seqLen << "] tokens\n";
+      return 1;
+    }
+  } else {
+    module = fastllm::importOnnxFile(&context, input, options);
+  }
   if (!module)
     return 1;
 

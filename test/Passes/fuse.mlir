@@ -195,3 +195,25 @@ func.func @silu(%a: tensor<8xf32>, %b: tensor<8xf32>) -> (tensor<8xf32>, tensor<
   %6 = model.mul %a, %5 : tensor<8xf32>, tensor<8xf32> -> tensor<8xf32>
   return %2, %4, %6 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
 }
+
+// -----
+
+// Tests that 1/sqrt(x), as a division or a reciprocal (torch.rsqrt exports
+// the latter), becomes model.rsqrt, and that a sqrt with another use stays.
+
+// CHECK-LABEL: func.func @rsqrt
+// CHECK-SAME: (%[[X:.*]]: tensor<8xf32>, %[[Y:.*]]: tensor<8xf32>)
+// CHECK-NEXT: %[[A:.*]] = model.rsqrt %[[X]]
+// CHECK-NEXT: %[[B:.*]] = model.rsqrt %[[Y]]
+// CHECK-NEXT: %[[S:.*]] = model.sqrt %[[X]]
+// CHECK-NEXT: %[[C:.*]] = model.reciprocal %[[S]]
+func.func @rsqrt(%x: tensor<8xf32>, %y: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  %one = model.constant dense<1.0> : tensor<f32>
+  %0 = model.sqrt %x : tensor<8xf32>
+  %1 = model.div %one, %0 : tensor<f32>, tensor<8xf32> -> tensor<8xf32>
+  %2 = model.sqrt %y : tensor<8xf32>
+  %3 = model.reciprocal %2 : tensor<8xf32>
+  %4 = model.sqrt %x : tensor<8xf32>
+  %5 = model.reciprocal %4 : tensor<8xf32>
+  return %1, %3, %5, %4 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
+}

@@ -294,6 +294,13 @@ def _(P): return F.gelu(P["x"], approximate="tanh")
 def _(P): return F.silu(P["x"])
 @term("SiLU", "manual", ["Sigmoid", "Mul"], x=((3, 5), "n"))
 def _(P): return P["x"] * torch.sigmoid(P["x"])
+@term("CausalAttention", "masked_fill", ["MatMul", "Softmax", "Where"],
+      q=((2, 4, 3), "n"), k=((2, 4, 3), "n"), v=((2, 4, 5), "n"))
+def _(P):
+    scores = P["q"] @ P["k"].transpose(-1, -2) * 0.5
+    keep = torch.ones(4, 4, dtype=torch.bool).tril()
+    p = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
+    return p @ P["v"]
 @term("RMSNorm", "manual", ["Pow", "ReduceMean", "Sqrt"], x=((4, 6), "n"), w=((6,), "n"))
 def _(P):
     x = P["x"]
@@ -556,7 +563,8 @@ def main():
     fused = {"GELU-erf": r"model\.gelu_grad [^\n]*approximate\s+none",
              "GELU-tanh": r"model\.gelu_grad [^\n]*approximate\s+tanh",
              "SiLU": r"model\.silu ", "RMSNorm": r"model\.rms_norm_grad ",
-             "Rsqrt": r"model\.rsqrt "}
+             "Rsqrt": r"model\.rsqrt ",
+             "CausalAttention": r"model\.causal_attention_grad "}
 
     tokens, targets = step0_batch(data, BATCH, SEQ)
     loss, ref = torch_grads(model, tokens, targets)
