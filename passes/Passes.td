@@ -74,4 +74,31 @@ def FusePass : Pass<"fastllm-fuse", "func::FuncOp"> {
   let dependentDialects = ["::mlir::fastllm::model::ModelDialect"];
 }
 
+def PartitionStagesPass : Pass<"fastllm-partition-stages", "ModuleOp"> {
+  let summary = "finds the model's layers from its structure and groups them into stages";
+  let description = [{
+    Works on `@forward`. A *layer boundary* is a point in the program where
+    exactly one activation (a value computed from the inputs) is live: the
+    residual stream. Parameters, constants and what is computed from them
+    alone (weight transposes, masks, position tables) do not count. The
+    segments between boundaries repeat with the transformer's blocks (a
+    pre-norm block has two: attention and MLP), so the longest periodic run
+    of segments (same op sequence) gives the blocks; what precedes it is the
+    embedding layer and what follows it the head. This needs no names, so it
+    works on folded exports whose weights are anonymous (`onnx::MatMul_502`).
+
+    Stages (Fast-LLM's rule): the embedding is stage 0; the blocks and the
+    head are grouped `layers-per-stage` at a time, layer j (0-based after the
+    embedding) going to stage 1 + floor(j / layers-per-stage). Every op gets
+    `model.layer` and `model.stage`; ops computed from parameters and
+    constants alone, and every `model.parameter`, take the stage of their
+    first use (a tied embedding/head weight belongs to the embedding's
+    stage). The module gets `model.num_layers` and `model.num_stages`.
+  }];
+  let options = [
+    Option<"layersPerStage", "layers-per-stage", "double", /*default=*/"1.0",
+           "Layers per stage (a positive number; fractions allowed)">,
+  ];
+}
+
 #endif // FASTLLM_PASSES_TD
