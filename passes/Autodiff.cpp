@@ -117,9 +117,16 @@ LogicalResult AutodiffPass::differentiate(func::FuncOp step) {
       return op->emitOpError("is on the path from a trainable parameter to "
                              "the loss but has no gradient rule");
     b.setInsertionPoint(ret);
+    Operation *before = ret->getPrevNode();
     SmallVector<Value> operandGrads;
     if (failed(differentiable.buildGradients(b, resultGrads, operandGrads)))
       return failure();
+    // The backward of an op runs in its stage (stage partitioning ran first).
+    for (Operation *bwd = before ? before->getNextNode() : &body.front();
+         bwd && bwd != ret; bwd = bwd->getNextNode())
+      for (StringRef attr : {"model.stage", "model.layer"})
+        if (Attribute a = op->getAttr(attr))
+          bwd->setAttr(attr, a);
     for (auto [operand, g] : llvm::zip(op->getOperands(), operandGrads))
       if (g && active.count(operand))
         addGrad(operand, g, op->getLoc());
