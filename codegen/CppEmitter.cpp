@@ -248,6 +248,7 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
      << "    " << plan.tokensOffset << ", " << plan.targetsOffset << ",\n"
      << "    " << plan.activationsOffset << ", " << plan.activationsBytes
      << ", " << plan.activationsUnsharedBytes << ",\n"
+     << "    /*dataParallel=*/1,\n"
      << "};\n";
   return success();
 }

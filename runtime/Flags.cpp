@@ -205,6 +205,28 @@ const Flag kFlags[] = {
        o.allowNonfinite = true;
        return Status();
      }},
+    {"checkpoint-dir", "DIR", "off",
+     "folder of sharded checkpoints (created if needed)",
+     [](Options &o, const char *, const std::string &v, const PlanInfo &) {
+       o.checkpointDir = v;
+       return Status();
+     }},
+    {"checkpoint-every", "N", "off",
+     "checkpoint after every N-th step (needs --checkpoint-dir)",
+     [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
+       return parseInt(f, v, 1, o.checkpointEvery);
+     }},
+    {"resume", nullptr, "off",
+     "continue from the newest complete checkpoint in --checkpoint-dir",
+     [](Options &o, const char *, const std::string &, const PlanInfo &) {
+       o.resume = true;
+       return Status();
+     }},
+    {"collective-timeout", "S", "300",
+     "abort the job when a collective waits longer than S seconds",
+     [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
+       return parseReal(f, v, 0, true, kInf, o.collectiveTimeout);
+     }},
     {"help", nullptr, nullptr, "print this help and the model's plan", nullptr},
 };
 
@@ -268,6 +290,12 @@ Expected<Options> fastllm::rt::parseFlags(int argc, const char *const *argv,
     return errorf("missing required flag%s %s",
                   missing.find(',') == std::string::npos ? "" : "s",
                   missing.c_str());
+  if (opts.checkpointDir.empty() && opts.checkpointEvery)
+    return errorf("--checkpoint-every needs --checkpoint-dir DIR");
+  if (opts.checkpointDir.empty() && opts.resume)
+    return errorf("--resume needs --checkpoint-dir DIR");
+  if (!opts.checkpointDir.empty() && !opts.checkpointEvery && !opts.resume)
+    return errorf("--checkpoint-dir needs --checkpoint-every N or --resume");
   if (opts.weightsPath.empty())
     opts.weightsPath = defaultWeightsPath();
   return opts;

@@ -36,6 +36,10 @@ struct Options {
   std::string dumpGradsPath;   ///< empty: no gradient dump
   std::string saveWeightsPath; ///< empty: final weights not saved
   bool allowNonfinite = false;
+  std::string checkpointDir;   ///< empty: no checkpoints
+  int64_t checkpointEvery = 0; ///< checkpoint after every N-th step; 0: never
+  bool resume = false;         ///< start from checkpointDir's newest one
+  double collectiveTimeout = 300; ///< seconds before a stuck job is aborted
   bool help = false; ///< --help was given; nothing else was checked
 };
 

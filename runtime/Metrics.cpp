@@ -57,10 +57,11 @@ std::string fastllm::rt::logLine(const StepRecord &r, int64_t totalSteps,
   return buf;
 }
 
-Expected<MetricsFile> MetricsFile::create(const std::string &path) {
+Expected<MetricsFile> MetricsFile::create(const std::string &path,
+                                          bool append) {
   MetricsFile m;
   m.path = path;
-  m.file = std::fopen(path.c_str(), "w");
+  m.file = std::fopen(path.c_str(), append ? "a" : "w");
   if (!m.file)
     return errorf("cannot create metrics file '%s': %s", path.c_str(),
                   std::strerror(errno));

@@ -41,7 +41,9 @@ std::string formatDuration(double seconds);
 /// A metrics file, one flushed line per step so a crash loses nothing.
 class MetricsFile {
 public:
-  static Expected<MetricsFile> create(const std::string &path);
+  /// Truncates the file, or appends to it (a resumed run) when `append`.
+  static Expected<MetricsFile> create(const std::string &path,
+                                      bool append = false);
 
   MetricsFile(MetricsFile &&other) noexcept;
   MetricsFile &operator=(MetricsFile &&other) noexcept;

@@ -63,6 +63,10 @@ struct PlanInfo {
   int64_t tokensOffset, targetsOffset;
   int64_t activationsOffset, activationsBytes; ///< the liveness-shared region
   int64_t activationsUnsharedBytes; ///< sum of all activation sizes, for reports
+
+  /// The --dp the model was compiled for; the job must run that many ranks.
+  /// 0 (generated code that predates the field) means 1.
+  int64_t dataParallel;
 };
 
 } // namespace fastllm::rt

@@ -2,7 +2,9 @@
 
 #include "runtime/Train.h"
 
+#include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
+#include "runtime/Json.h"
 #include "runtime/Metrics.h"
 #include "runtime/Optimizer.h"
 #include "runtime/Plan.h"
@@ -13,18 +15,17 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <vector>
 
 using namespace fastllm::rt;
 
 namespace {
-
-/// Data parallelism arrives with MPI; until then this process is the only
-/// rank and the data API is already written for dp ranks.
-constexpr int64_t kDataParallel = 1, kRank = 0;
 
 /// The folder that will hold `path` must exist and be writable, checked
 /// before training so a typo does not cost a finished run its output.
@@ -37,6 +38,91 @@ Status checkOutputPath(const char *flag, const std::string &path) {
   if (access(dir.c_str(), W_OK) != 0)
     return errorf("--%s '%s': cannot write to folder '%s': %s", flag,
                   path.c_str(), dir.c_str(), std::strerror(errno));
+  return Status();
+}
+
+/// Creates the --checkpoint-dir folder and its parents if needed; it must
+/// end up a writable folder. A fresh run must not start among another run's
+/// checkpoints: a later --resume would take the newest, which is not its own.
+Status prepareCheckpointDir(const std::string &dir, bool resume) {
+  for (size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
+    std::string prefix = dir.substr(0, slash);
+    if (mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST)
+      return errorf("--checkpoint-dir '%s': cannot create '%s': %s",
+                    dir.c_str(), prefix.c_str(), std::strerror(errno));
+    if (slash == std::string::npos)
+      break;
+  }
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+      access(dir.c_str(), W_OK) != 0)
+    return errorf("--checkpoint-dir '%s' is not a writable folder",
+                  dir.c_str());
+  Expected<std::vector<int64_t>> steps = listCheckpointSteps(dir);
+  if (!steps)
+    return steps.status();
+  if (!resume && !steps->empty())
+    return errorf("--checkpoint-dir '%s' already holds checkpoints (the "
+                  "newest is step %lld); pass --resume to continue from them "
+                  "or choose an empty folder",
+                  dir.c_str(), (long long)steps->front());
+  return Status();
+}
+
+/// The options a checkpointed run depends on besides its plan. A resumed run
+/// may change them, but is warned that it will not repeat the original.
+Fingerprint runFingerprint(const Options &opts, int64_t dataTokens) {
+  auto real = [](double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.17g", x);
+    return std::string(buf);
+  };
+  bool cosine = opts.lrSchedule == LrScheduleKind::Cosine;
+  Fingerprint f = {{"data_tokens", std::to_string(dataTokens)},
+                   {"sampler", opts.sampler == SamplerKind::Sequential
+                                   ? "sequential"
+                                   : "random"},
+                   {"seed", std::to_string(opts.seed)},
+                   {"grad_accum", std::to_string(opts.gradAccum)},
+                   {"lr", real(opts.lr)},
+                   {"lr_schedule", cosine ? "cosine" : "constant"},
+                   {"warmup_steps", std::to_string(opts.warmupSteps)},
+                   {"beta1", real(opts.adamw.beta1)},
+                   {"beta2", real(opts.adamw.beta2)},
+                   {"eps", real(opts.adamw.eps)},
+                   {"weight_decay", real(opts.adamw.weightDecay)},
+                   {"clip_grad_norm", real(opts.clipGradNorm)}};
+  if (cosine) // the cosine schedule spans --steps; a constant one does not
+    f.push_back({"steps", std::to_string(opts.steps)});
+  return f;
+}
+
+/// Keeps the metrics file's lines up to `step`, dropping later ones (and a
+/// line torn by a kill), so that a resumed run appends to the history of the
+/// checkpoint it continues.
+Status truncateMetrics(const std::string &path, int64_t step) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return Status(); // nothing yet: the resumed run starts the file
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    Expected<JsonValue> v = parseJson(line);
+    const JsonValue *s = v ? v->get("step") : nullptr;
+    std::optional<uint64_t> n = s ? s->asUint64() : std::nullopt;
+    if (in.eof() || !n || *n > uint64_t(step))
+      break;
+    kept += line + "\n";
+  }
+  std::string tmp = path + ".tmp";
+  FILE *out = std::fopen(tmp.c_str(), "wb");
+  bool ok = out && std::fwrite(kept.data(), 1, kept.size(), out) == kept.size();
+  ok = out && std::fclose(out) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    unlink(tmp.c_str());
+    return errorf("cannot rewrite metrics file '%s': %s", path.c_str(),
+                  std::strerror(err));
+  }
   return Status();
 }
 
@@ -55,10 +141,27 @@ std::string planSummary(const PlanInfo &plan, const Options &opts) {
 
 } // namespace
 
+Status fastllm::rt::checkWorldSize(const PlanInfo &plan, int worldSize) {
+  int64_t dp = plan.dataParallel > 0 ? plan.dataParallel : 1;
+  if (dp != worldSize)
+    return errorf("this binary was compiled for --dp %lld but runs on %d "
+                  "rank%s",
+                  (long long)dp, worldSize, worldSize == 1 ? "" : "s");
+  return Status();
+}
+
 Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
-                          const Options &opts, FILE *log) {
+                          const Options &opts, Communicator &comm, FILE *log) {
   if (Status s = validatePlan(plan); !s.ok())
     return s;
+  if (Status s = checkWorldSize(plan, comm.size()); !s.ok())
+    return s;
+  const int64_t dp = comm.size(), rank = comm.rank();
+  const bool leader = rank == 0;
+  if (!leader)
+    log = nullptr;
+  comm.setTimeout(opts.collectiveTimeout);
+  comm.setStep(0);
   Expected<TokenFile> data = TokenFile::open(opts.dataPath, opts.dataDtype,
                                              plan.seqLen, plan.vocabSize);
   if (!data)
@@ -77,42 +180,100 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   auto *adamV = reinterpret_cast<float *>(arena.get() + plan.adamVOffset);
   auto *tokens = reinterpret_cast<int64_t *>(arena.get() + plan.tokensOffset);
   auto *targets = reinterpret_cast<int64_t *>(arena.get() + plan.targetsOffset);
-  if (Status s = loadParams(opts.weightsPath, plan, params); !s.ok())
-    return Status::error("weights: " + s.message());
+  // A resumed run takes its weights from the checkpoint instead.
+  if (!opts.resume)
+    if (Status s = loadParams(opts.weightsPath, plan, params); !s.ok())
+      return Status::error("weights: " + s.message());
 
   for (Status s : {checkOutputPath("metrics", opts.metricsPath),
                    checkOutputPath("dump-grads", opts.dumpGradsPath),
                    checkOutputPath("save-weights", opts.saveWeightsPath)})
     if (!s.ok())
       return s;
+  if (opts.checkpointEvery && leader)
+    if (Status s = prepareCheckpointDir(opts.checkpointDir, opts.resume);
+        !s.ok())
+      return s;
+
+  // What a checkpoint holds: with this (unsharded) ABI every rank owns the
+  // whole arrays; ZeRO shards will be regions of their own.
+  const int64_t flatBytes = plan.paramElements * int64_t(sizeof(float));
+  const std::vector<Region> state = {{"params", params, flatBytes},
+                                     {"adam_m", adamM, flatBytes},
+                                     {"adam_v", adamV, flatBytes}};
+  if (log)
+    std::fprintf(log, "%s\n", planSummary(plan, opts).c_str());
+  const Fingerprint planPrint = planFingerprint(plan, dp);
+  const Fingerprint runPrint = runFingerprint(opts, data->size());
+  int64_t firstStep = 0, optimizerStep = 0;
+  if (opts.resume) {
+    Expected<Restored> restored =
+        loadLatestCheckpoint(comm, opts.checkpointDir, planPrint, state);
+    if (!restored)
+      return Status::error("--resume: " + restored.status().message());
+    const Manifest &m = restored->manifest;
+    if (m.step > opts.steps)
+      return errorf("--resume: checkpoint '%s' is at step %lld, past --steps "
+                    "%lld",
+                    restored->path.c_str(), (long long)m.step,
+                    (long long)opts.steps);
+    if (leader) {
+      for (const std::string &line : restored->skipped)
+        std::fprintf(stderr, "train: warning: %s\n", line.c_str());
+      for (const std::string &diff : allDifferences(m.run, runPrint))
+        std::fprintf(stderr,
+                     "train: warning: resuming with other options than the "
+                     "checkpointed run (%s); the run will not repeat it\n",
+                     diff.c_str());
+    }
+    if (log)
+      std::fprintf(log, "resumed from '%s' at step %lld\n",
+                   restored->path.c_str(), (long long)m.step);
+    firstStep = m.step;
+    optimizerStep = m.optimizerStep;
+  }
+
   std::optional<MetricsFile> metrics;
-  if (!opts.metricsPath.empty()) {
-    Expected<MetricsFile> file = MetricsFile::create(opts.metricsPath);
+  if (leader && !opts.metricsPath.empty()) {
+    if (opts.resume)
+      if (Status s = truncateMetrics(opts.metricsPath, firstStep); !s.ok())
+        return s;
+    Expected<MetricsFile> file =
+        MetricsFile::create(opts.metricsPath, /*append=*/opts.resume);
     if (!file)
       return file.status();
     metrics = std::move(*file);
   }
 
   Sampler sampler(opts.sampler, opts.seed, data->size(), plan.seqLen,
-                  plan.batchSize, opts.gradAccum, kDataParallel);
+                  plan.batchSize, opts.gradAccum, dp);
   AdamW adamw(plan, opts.adamw);
   LrSchedule schedule{opts.lrSchedule, opts.lr, opts.warmupSteps, opts.steps};
   const double tokensPerStep = double(sampler.globalBatch()) * plan.seqLen;
   const float gradScale = 1.0f / float(opts.gradAccum);
-  if (log)
-    std::fprintf(log, "%s\n", planSummary(plan, opts).c_str());
 
   using Clock = std::chrono::steady_clock;
   double totalSeconds = 0;
-  for (int64_t s = 0; s < opts.steps; ++s) {
+  for (int64_t s = firstStep; s < opts.steps; ++s) {
     Clock::time_point start = Clock::now();
+    comm.setStep(s + 1);
+    comm.resetBytes();
     std::memset(grads, 0, plan.paramElements * sizeof(float));
     double lossSum = 0;
     for (int64_t micro = 0; micro < opts.gradAccum; ++micro) {
-      fillMicroBatch(*data, sampler, s, kRank, micro, tokens, targets);
+      fillMicroBatch(*data, sampler, s, rank, micro, tokens, targets);
       lossSum += step(arena.get());
     }
-    double loss = lossSum / double(opts.gradAccum);
+    if (dp > 1) {
+      // The step's loss is the mean over the global batch; summing the ranks'
+      // parts in rank order gives every rank the same value.
+      std::vector<double> parts(dp);
+      comm.allGatherBytes(&lossSum, parts.data(), sizeof(double));
+      lossSum = 0;
+      for (double part : parts)
+        lossSum += part;
+    }
+    double loss = lossSum / double(opts.gradAccum * dp);
     if (!std::isfinite(loss) && !opts.allowNonfinite)
       return errorf("loss is %s at step %lld (pass --allow-nonfinite to keep "
                     "training)",
@@ -122,7 +283,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       for (int64_t i = 0; i < plan.paramElements; ++i)
         grads[i] *= gradScale;
     }
-    if (s == 0 && !opts.dumpGradsPath.empty())
+    if (s == 0 && leader && !opts.dumpGradsPath.empty())
       if (Status st = saveParams(opts.dumpGradsPath, plan, grads,
                                  /*trainableOnly=*/true);
           !st.ok())
@@ -131,7 +292,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     if (opts.clipGradNorm > 0)
       adamw.clipGradients(grads, gradNorm, opts.clipGradNorm);
     double lr = schedule.at(s);
-    adamw.step(params, grads, adamM, adamV, lr, s + 1);
+    adamw.step(params, grads, adamM, adamV, lr, ++optimizerStep);
 
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
@@ -148,20 +309,43 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       if (Status st = metrics->append(record); !st.ok())
         return st;
     if (log) {
-      double eta = totalSeconds / double(s + 1) * double(opts.steps - s - 1);
+      double eta =
+          totalSeconds / double(s + 1 - firstStep) * double(opts.steps - s - 1);
       std::fprintf(log, "%s\n", logLine(record, opts.steps, eta).c_str());
       std::fflush(log);
     }
+
+    if (opts.checkpointEvery && (s + 1) % opts.checkpointEvery == 0) {
+      Clock::time_point saveStart = Clock::now();
+      Manifest m;
+      m.step = s + 1;
+      m.optimizerStep = optimizerStep;
+      m.plan = planPrint;
+      m.run = runPrint;
+      if (Status st = saveCheckpoint(comm, opts.checkpointDir, m, state);
+          !st.ok())
+        return st;
+      if (log)
+        std::fprintf(
+            log, "checkpoint: %s/%s (%.1f MiB per rank) in %.1f s\n",
+            opts.checkpointDir.c_str(), stepFolderName(s + 1).c_str(),
+            3.0 * flatBytes / 1048576.0,
+            std::chrono::duration<double>(Clock::now() - saveStart).count());
+    }
   }
 
-  if (!opts.saveWeightsPath.empty())
+  if (leader && !opts.saveWeightsPath.empty())
     if (Status s = saveParams(opts.saveWeightsPath, plan, params,
                               /*trainableOnly=*/false);
         !s.ok())
       return s;
-  if (log)
-    std::fprintf(log, "done: %lld steps in %s, %.0f tok/s\n",
-                 (long long)opts.steps, formatDuration(totalSeconds).c_str(),
-                 tokensPerStep * double(opts.steps) / totalSeconds);
+  int64_t ran = opts.steps - firstStep;
+  if (log && ran == 0)
+    std::fprintf(log, "done: the checkpoint is at the last step, %lld\n",
+                 (long long)opts.steps);
+  else if (log)
+    std::fprintf(log, "done: %lld steps in %s, %.0f tok/s\n", (long long)ran,
+                 formatDuration(totalSeconds).c_str(),
+                 tokensPerStep * double(ran) / totalSeconds);
   return Status();
 }

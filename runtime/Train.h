@@ -10,6 +10,7 @@
 #ifndef FASTLLM_RUNTIME_TRAIN_H
 #define FASTLLM_RUNTIME_TRAIN_H
 
+#include "runtime/Comm.h"
 #include "runtime/Flags.h"
 #include "runtime/ModelABI.h"
 #include "runtime/Status.h"
@@ -22,12 +23,24 @@ namespace fastllm::rt {
 /// arena, adding into its gradients and returning the micro-batch loss.
 using StepFunction = float (*)(char *arena);
 
-/// Trains for opts.steps steps as DESIGN.md section 4 says. Everything the
-/// run reads (plan, data, weights, output folders) is checked before the
-/// metrics file is created or the first step runs. Human progress lines go
-/// to `log` unless it is null.
+/// The job must run as many ranks as the model was compiled for (--dp).
+Status checkWorldSize(const PlanInfo &plan, int worldSize);
+
+/// Trains until step opts.steps as DESIGN.md section 4 says, as rank
+/// comm.rank() of comm.size(), starting from the newest complete checkpoint
+/// when opts.resume. Everything the run reads (plan, data, weights,
+/// checkpoint, output folders) is checked before the metrics file is written
+/// or the first step runs. Rank 0 writes the metrics and its human progress
+/// lines go to `log` unless it is null; warnings go to stderr.
+///
+/// Resume is bit-exact: a checkpoint holds the parameters, AdamW's m, v and
+/// step count, and the step; everything else a step depends on is a function
+/// of the options and the step number (the samplers hash (seed, step,
+/// sample), the schedule reads the step, the gradients are zeroed every
+/// step). The metrics file keeps its lines up to the checkpoint's step and
+/// the resumed run appends to it.
 Status train(const PlanInfo &plan, StepFunction step, const Options &opts,
-             FILE *log);
+             Communicator &comm, FILE *log);
 
 } // namespace fastllm::rt
 

@@ -4,8 +4,14 @@
 // fastllm_step) and before libfastllm_rt. The only place that prints an error
 // and picks the exit code.
 //
+// Errors every rank meets alike (flags, the rank count) are printed once, by
+// rank 0, and every rank exits 1. An error in training may be one rank's
+// alone while its peers wait in a collective, so with several ranks it
+// aborts the whole job, naming the rank.
+//
 //===----------------------------------------------------------------------===//
 
+#include "runtime/Comm.h"
 #include "runtime/Flags.h"
 #include "runtime/ModelABI.h"
 #include "runtime/Train.h"
@@ -15,17 +21,29 @@
 using namespace fastllm::rt;
 
 int main(int argc, char **argv) {
-  const PlanInfo &plan = *fastllm_plan();
-  Expected<Options> opts = parseFlags(argc, argv, plan);
-  if (!opts) {
-    std::fprintf(stderr, "train: error: %s\n", opts.status().message().c_str());
+  Expected<std::unique_ptr<Communicator>> comm =
+      Communicator::create(&argc, &argv);
+  if (!comm) {
+    std::fprintf(stderr, "train: error: %s\n", comm.status().message().c_str());
     return 1;
   }
-  if (opts->help) {
-    std::fputs(helpText(plan).c_str(), stdout);
+  const bool leader = (*comm)->rank() == 0;
+  const PlanInfo &plan = *fastllm_plan();
+  Expected<Options> opts = parseFlags(argc, argv, plan);
+  if (opts && opts->help) {
+    if (leader)
+      std::fputs(helpText(plan).c_str(), stdout);
     return 0;
   }
-  if (Status s = train(plan, fastllm_step, *opts, stdout); !s.ok()) {
+  Status s = opts ? checkWorldSize(plan, (*comm)->size()) : opts.status();
+  if (!s.ok()) {
+    if (leader)
+      std::fprintf(stderr, "train: error: %s\n", s.message().c_str());
+    return 1;
+  }
+  if (Status s = train(plan, fastllm_step, *opts, **comm, stdout); !s.ok()) {
+    if ((*comm)->size() > 1)
+      (*comm)->abort(s.message());
     std::fprintf(stderr, "train: error: %s\n", s.message().c_str());
     return 1;
   }

@@ -134,7 +134,7 @@ static bool buildBinary(StringRef dir) {
       "-I" FASTLLM_SOURCE_DIR, std::string(source),
       lib + "/libfastllm_rt_main.a", lib + "/libfastllm_rt.a",
       lib + "/libfastllm_cpu_kernels.a",
-      "-lopenblas", "-lm", "-o", std::string(binary)};
+      "-lopenblas", "-lmpi", "-lm", "-o", std::string(binary)};
   SmallVector<StringRef> argRefs(args.begin(), args.end());
   std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log),
                                           StringRef(log)};

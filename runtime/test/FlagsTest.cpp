@@ -119,6 +119,31 @@ TEST(Flags, EveryFlagTakesBothSpellings) {
   EXPECT_EQ(eq->lr, 0.5);
 }
 
+TEST(Flags, CheckpointFlagsGoTogether) {
+  Options o = parseOk({"--checkpoint-dir", "ck", "--checkpoint-every=5",
+                       "--resume", "--collective-timeout", "2.5"});
+  EXPECT_EQ(o.checkpointDir, "ck");
+  EXPECT_EQ(o.checkpointEvery, 5);
+  EXPECT_TRUE(o.resume);
+  EXPECT_EQ(o.collectiveTimeout, 2.5);
+  Options d = parseOk({});
+  EXPECT_EQ(d.checkpointDir, "");
+  EXPECT_EQ(d.checkpointEvery, 0);
+  EXPECT_FALSE(d.resume);
+  EXPECT_EQ(d.collectiveTimeout, 300);
+  EXPECT_TRUE(parseOk({"--checkpoint-dir=ck", "--resume"}).resume);
+
+  EXPECT_EQ(parseError({"--checkpoint-every", "5"}),
+            "--checkpoint-every needs --checkpoint-dir DIR");
+  EXPECT_EQ(parseError({"--resume"}), "--resume needs --checkpoint-dir DIR");
+  EXPECT_EQ(parseError({"--checkpoint-dir", "ck"}),
+            "--checkpoint-dir needs --checkpoint-every N or --resume");
+  EXPECT_EQ(parseError({"--checkpoint-dir=ck", "--checkpoint-every", "0"}),
+            "--checkpoint-every must be at least 1, got 0");
+  EXPECT_EQ(parseError({"--collective-timeout", "0"}),
+            "--collective-timeout must be > 0, got 0");
+}
+
 TEST(Flags, LastOccurrenceWins) {
   EXPECT_EQ(parseOk({"--steps", "20"}).steps, 20);
 }
@@ -230,6 +255,10 @@ TEST(Flags, HelpListsEveryFlagAndThePlan) {
                            "--dump-grads FILE",
                            "--save-weights FILE",
                            "--allow-nonfinite",
+                           "--checkpoint-dir DIR",
+                           "--checkpoint-every N",
+                           "--resume",
+                           "--collective-timeout S",
                            "--help"})
     EXPECT_NE(text.find(flag), std::string::npos) << flag;
   for (const char *fact :

@@ -3,13 +3,16 @@
 // The fake model's gradient is a closed form (FakeModel.h), so these tests
 // recompute a step from the token file and DESIGN.md's sequential formula and
 // compare the runtime's dumped gradients, saved weights and logged loss with
-// it; and they check that bad inputs stop the run before it writes anything.
+// it; they check that bad inputs stop the run before it writes anything, and
+// that a run resumed from a checkpoint repeats the uninterrupted one exactly.
 //
 //===----------------------------------------------------------------------===//
 
 #include "FakeModel.h"
+#include "TestComm.h"
 #include "TestUtil.h"
 
+#include "runtime/Checkpoint.h"
 #include "runtime/Json.h"
 #include "runtime/Plan.h"
 #include "runtime/Safetensors.h"
@@ -19,6 +22,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -145,7 +149,7 @@ TEST_F(TrainTest, LossFallsOnALearnableSequence) {
   opts.warmupSteps = 5;
   opts.adamw.weightDecay = 0;
   opts.metricsPath = dir.file("metrics.jsonl");
-  Status s = train(plan(), fastllm_step, opts, nullptr);
+  Status s = train(plan(), fastllm_step, opts, testComm(), nullptr);
   ASSERT_TRUE(s.ok()) << s.message();
 
   std::vector<JsonValue> lines = readMetrics(opts.metricsPath);
@@ -177,7 +181,7 @@ TEST_F(TrainTest, GradAccumulationAveragesMicroBatches) {
   opts.dumpGradsPath = dir.file("grads.safetensors");
   opts.saveWeightsPath = dir.file("final.safetensors");
   opts.metricsPath = dir.file("metrics.jsonl");
-  Status s = train(plan(), fastllm_step, opts, nullptr);
+  Status s = train(plan(), fastllm_step, opts, testComm(), nullptr);
   ASSERT_TRUE(s.ok()) << s.message();
 
   std::vector<JsonValue> lines = readMetrics(opts.metricsPath);
@@ -211,7 +215,7 @@ TEST_F(TrainTest, GradAccumulationAveragesMicroBatches) {
   single.dumpGradsPath = dir.file("grads1.safetensors");
   single.saveWeightsPath = dir.file("final1.safetensors");
   single.metricsPath = "";
-  s = train(plan(), fastllm_step, single, nullptr);
+  s = train(plan(), fastllm_step, single, testComm(), nullptr);
   ASSERT_TRUE(s.ok()) << s.message();
   std::vector<float> grads1 = readFlat(single.dumpGradsPath, true);
   std::vector<float> after1 = readFlat(single.saveWeightsPath, false);
@@ -227,7 +231,7 @@ TEST_F(TrainTest, DumpsOnlyTheFirstStepsGradients) {
   std::vector<float> w = writeWeights(dir.file("init.safetensors"), 5);
   Options opts = options(3, 0.1);
   opts.dumpGradsPath = dir.file("grads.safetensors");
-  ASSERT_TRUE(train(plan(), fastllm_step, opts, nullptr).ok());
+  ASSERT_TRUE(train(plan(), fastllm_step, opts, testComm(), nullptr).ok());
   StepMath math = firstStepMath(ids, w, 2, 3);
   std::vector<float> grads = readFlat(opts.dumpGradsPath, true);
   for (int64_t j = 0; j < kCodeOffset; ++j)
@@ -251,7 +255,7 @@ TEST_F(TrainTest, ClippingScalesGradientsBeforeTheUpdate) {
   opts.adamw.weightDecay = 0;
   opts.metricsPath = dir.file("metrics.jsonl");
   opts.saveWeightsPath = dir.file("final.safetensors");
-  ASSERT_TRUE(train(plan(), fastllm_step, opts, nullptr).ok());
+  ASSERT_TRUE(train(plan(), fastllm_step, opts, testComm(), nullptr).ok());
 
   std::vector<JsonValue> lines = readMetrics(opts.metricsPath);
   ASSERT_EQ(lines.size(), 1u);
@@ -271,7 +275,7 @@ TEST_F(TrainTest, RejectsATokenOutsideTheVocabularyBeforeWriting) {
   writeWeights(dir.file("init.safetensors"), 9);
   Options opts = options(1, 0.01);
   opts.metricsPath = dir.file("metrics.jsonl");
-  Status s = train(plan(), fastllm_step, opts, nullptr);
+  Status s = train(plan(), fastllm_step, opts, testComm(), nullptr);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.message(), "data file '" + opts.dataPath +
                              "': token 16 at position 50 is not below the "
@@ -285,7 +289,7 @@ TEST_F(TrainTest, RejectsBadInputsBeforeWriting) {
   Options good = options(1, 0.01);
   good.metricsPath = dir.file("metrics.jsonl");
   auto error = [&](const Options &o) {
-    Status s = train(plan(), fastllm_step, o, nullptr);
+    Status s = train(plan(), fastllm_step, o, testComm(), nullptr);
     EXPECT_FALSE(s.ok());
     EXPECT_FALSE(std::filesystem::exists(good.metricsPath));
     return s.message();
@@ -321,7 +325,7 @@ TEST_F(TrainTest, RejectsBadInputsBeforeWriting) {
 
   PlanInfo old = plan();
   old.abiVersion = kAbiVersion + 1;
-  Status s = train(old, fastllm_step, good, nullptr);
+  Status s = train(old, fastllm_step, good, testComm(), nullptr);
   EXPECT_EQ(s.message(), "the model was compiled for runtime ABI 2 but this "
                          "runtime is ABI 1; recompile it with this "
                          "fastllm-opt");
@@ -342,16 +346,145 @@ TEST_F(TrainTest, NonFiniteLossStopsTheRunUnlessAllowed) {
           .ok());
   Options opts = options(3, 0.01);
   opts.metricsPath = dir.file("metrics.jsonl");
-  Status s = train(plan(), fastllm_step, opts, nullptr);
+  Status s = train(plan(), fastllm_step, opts, testComm(), nullptr);
   EXPECT_EQ(s.message(), "loss is NaN at step 1 (pass --allow-nonfinite to "
                          "keep training)");
 
   opts.allowNonfinite = true;
-  s = train(plan(), fastllm_step, opts, nullptr);
+  s = train(plan(), fastllm_step, opts, testComm(), nullptr);
   ASSERT_TRUE(s.ok()) << s.message();
   std::string metrics = readBytes(opts.metricsPath);
   EXPECT_NE(metrics.find("{\"step\": 3, \"loss\": NaN"), std::string::npos)
       << metrics;
+}
+
+TEST_F(TrainTest, ResumedRunRepeatsTheUninterruptedOneBitForBit) {
+  // Everything that carries state from step to step is on: AdamW, warmup,
+  // clipping, accumulation, and the random sampler's seed.
+  writeTokens(dir.file("tokens.u16"), randomTokens(500, 20));
+  writeWeights(dir.file("init.safetensors"), 21);
+  Options opts = options(20, 0.05);
+  opts.sampler = SamplerKind::Random;
+  opts.seed = 7;
+  opts.warmupSteps = 3;
+  opts.clipGradNorm = 0.5;
+  opts.gradAccum = 2;
+  opts.checkpointEvery = 5;
+
+  Options full = opts;
+  full.checkpointDir = dir.file("full/checkpoints"); // created with parents
+  full.metricsPath = dir.file("full.jsonl");
+  full.saveWeightsPath = dir.file("full.safetensors");
+  Status s = train(plan(), fastllm_step, full, testComm(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  for (int step : {5, 10, 15, 20})
+    EXPECT_TRUE(std::filesystem::exists(
+        full.checkpointDir + "/" + stepFolderName(step) + "/manifest.json"));
+
+  // Killed during step 13: checkpoints 5 and 10, metrics through step 12 and
+  // a torn line.
+  Options killed = opts;
+  killed.steps = 12;
+  killed.checkpointDir = dir.file("killed");
+  killed.metricsPath = dir.file("killed.jsonl");
+  s = train(plan(), fastllm_step, killed, testComm(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_FALSE(
+      std::filesystem::exists(killed.checkpointDir + "/" + stepFolderName(12)));
+  std::ofstream(killed.metricsPath, std::ios::app) << "{\"step\": 13, \"lo";
+
+  Options resumed = killed;
+  resumed.steps = 20;
+  resumed.resume = true;
+  resumed.weightsPath = dir.file("absent.safetensors"); // not read on resume
+  resumed.saveWeightsPath = dir.file("resumed.safetensors");
+  s = train(plan(), fastllm_step, resumed, testComm(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+
+  std::vector<JsonValue> a = readMetrics(full.metricsPath),
+                         b = readMetrics(resumed.metricsPath);
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i].get("step")->text, std::to_string(i + 1));
+    // The loss with float precision, the norm and lr as exact doubles.
+    for (const char *key : {"loss", "grad_norm", "lr"})
+      EXPECT_EQ(b[i].get(key)->text, a[i].get(key)->text)
+          << key << " at step " << i + 1;
+  }
+  EXPECT_EQ(readBytes(resumed.saveWeightsPath),
+            readBytes(full.saveWeightsPath));
+  // Both runs wrote step 20's checkpoint with the same state.
+  auto shard = [](const Options &o) {
+    return readBytes(o.checkpointDir + "/" + stepFolderName(20) + "/" +
+                     shardFileName(0));
+  };
+  EXPECT_EQ(shard(resumed), shard(full));
+}
+
+TEST_F(TrainTest, ResumeNeedsACompleteCheckpointOfTheSamePlan) {
+  writeTokens(dir.file("tokens.u16"), randomTokens(200, 22));
+  writeWeights(dir.file("init.safetensors"), 23);
+  Options opts = options(4, 0.01);
+  opts.checkpointDir = dir.file("ckpt");
+  opts.resume = true;
+  Status s = train(plan(), fastllm_step, opts, testComm(), nullptr);
+  EXPECT_EQ(s.message(), "--resume: cannot read checkpoint folder '" +
+                             opts.checkpointDir +
+                             "': No such file or directory");
+
+  std::filesystem::create_directory(opts.checkpointDir);
+  s = train(plan(), fastllm_step, opts, testComm(), nullptr);
+  EXPECT_EQ(s.message(), "--resume: no complete checkpoint in '" +
+                             opts.checkpointDir + "' to resume from");
+
+  Options first = opts;
+  first.resume = false;
+  first.checkpointEvery = 2;
+  ASSERT_TRUE(train(plan(), fastllm_step, first, testComm(), nullptr).ok());
+  // Starting afresh among them would leave a later --resume another run's.
+  s = train(plan(), fastllm_step, first, testComm(), nullptr);
+  EXPECT_EQ(s.message(), "--checkpoint-dir '" + opts.checkpointDir +
+                             "' already holds checkpoints (the newest is "
+                             "step 4); pass --resume to continue from them or "
+                             "choose an empty folder");
+
+  // The same checkpoint read by a binary compiled with another batch size.
+  setShape(4, 3);
+  s = train(plan(), fastllm_step, opts, testComm(), nullptr);
+  EXPECT_EQ(s.message(),
+            "--resume: checkpoint '" + opts.checkpointDir + "/" +
+                stepFolderName(4) +
+                "' was written for a different plan: batch_size is 2 in the "
+                "checkpoint but 4 now; resume with the binary that wrote it, "
+                "or start a new --checkpoint-dir");
+
+  setShape(2, 3);
+  opts.steps = 3;
+  s = train(plan(), fastllm_step, opts, testComm(), nullptr);
+  EXPECT_EQ(s.message(), "--resume: checkpoint '" + opts.checkpointDir + "/" +
+                             stepFolderName(4) +
+                             "' is at step 4, past --steps 3");
+  opts.steps = 4; // already done: nothing to train, not an error
+  s = train(plan(), fastllm_step, opts, testComm(), nullptr);
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
+TEST_F(TrainTest, RankCountMustMatchTheCompiledDp) {
+  PlanInfo twoRanks = plan();
+  twoRanks.dataParallel = 2;
+  EXPECT_EQ(checkWorldSize(twoRanks, 1).message(),
+            "this binary was compiled for --dp 2 but runs on 1 rank");
+  EXPECT_EQ(checkWorldSize(twoRanks, 3).message(),
+            "this binary was compiled for --dp 2 but runs on 3 ranks");
+  EXPECT_TRUE(checkWorldSize(twoRanks, 2).ok());
+  PlanInfo old = plan(); // generated code without the field: 0 means 1
+  old.dataParallel = 0;
+  EXPECT_TRUE(checkWorldSize(old, 1).ok());
+  Status s =
+      train(twoRanks, fastllm_step, options(1, 0.01), testComm(), nullptr);
+  EXPECT_EQ(s.message(),
+            "this binary was compiled for --dp 2 but runs on 1 rank");
 }
 
 } // namespace

@@ -1,0 +1,125 @@
+//===- Checkpoint.h - sharded, verified training checkpoints ----*- C++ -*-===//
+//
+// DESIGN.md section 6. A checkpoint of step s is a folder
+//
+//   DIR/step-00000012/rank-00000.bin ... rank-<dp-1>.bin, manifest.json
+//
+// Each rank saves the byte regions it owns (today the whole params, AdamW m
+// and v; with ZeRO, its shards of them) to a temporary file, fsyncs it and
+// renames it into place. Then rank 0 gathers every shard's size and CRC32C and
+// writes manifest.json last, the same way, and syncs the folder: a checkpoint
+// without a manifest is incomplete by construction.
+//
+// Resume takes the newest step folder whose manifest parses and whose every
+// shard has the size and checksum the manifest records; incomplete or damaged
+// ones are skipped with a warning saying why. A checkpoint written for another
+// plan is refused, naming the first field that differs.
+//
+// Shard file: "FLCKPT01", a little-endian u64 header length, a JSON header
+// {"rank", "step", "regions": [{"name", "bytes"}...]}, then the regions'
+// bytes in that order.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_RUNTIME_CHECKPOINT_H
+#define FASTLLM_RUNTIME_CHECKPOINT_H
+
+#include "runtime/Comm.h"
+#include "runtime/ModelABI.h"
+#include "runtime/Status.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace fastllm::rt {
+
+/// CRC32C (Castagnoli), continuing from `crc` (0 to start), so that
+/// crc32c(crc32c(0, a), b) == crc32c(0, a + b). Uses SSE4.2 when the CPU has
+/// it.
+uint32_t crc32c(uint32_t crc, const void *data, size_t bytes);
+/// The table-driven form, which crc32c must agree with.
+uint32_t crc32cPortable(uint32_t crc, const void *data, size_t bytes);
+
+/// Ordered (field, value) pairs that identify what a checkpoint belongs to,
+/// compared field by field so a refusal can name the difference.
+using Fingerprint = std::vector<std::pair<std::string, std::string>>;
+
+/// The plan's identifying fields: target, batch and sequence sizes, vocab,
+/// input names, dp, the flat array length and every parameter's name,
+/// shape, offset and trainability.
+Fingerprint planFingerprint(const PlanInfo &plan, int64_t dp);
+
+/// "FIELD is A in the checkpoint but B in this run" for the first field in
+/// which `saved` and `current` differ, or nothing when they agree.
+std::optional<std::string> firstDifference(const Fingerprint &saved,
+                                           const Fingerprint &current);
+
+/// Every difference, in the same words, for warnings.
+std::vector<std::string> allDifferences(const Fingerprint &saved,
+                                        const Fingerprint &current);
+
+/// A named byte range of this rank's training state, saved and restored
+/// verbatim.
+struct Region {
+  std::string name;
+  void *data;
+  int64_t bytes;
+};
+
+struct ShardRecord {
+  int64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+struct Manifest {
+  int64_t step = 0;          ///< optimizer steps completed (1-based last step)
+  int64_t optimizerStep = 0; ///< AdamW's t after the last update
+  int64_t dp = 0;
+  Fingerprint plan;
+  /// The training options the run was started with; a resumed run that
+  /// changes them is warned that it will not repeat the original.
+  Fingerprint run;
+  std::vector<ShardRecord> shards; ///< indexed by rank
+};
+
+std::string manifestJson(const Manifest &m);
+Expected<Manifest> parseManifest(std::string_view json);
+
+/// "step-00000012" and "rank-00003.bin".
+std::string stepFolderName(int64_t step);
+std::string shardFileName(int rank);
+
+/// The steps of the step-N folders under `dir`, complete or not, newest
+/// first.
+Expected<std::vector<int64_t>> listCheckpointSteps(const std::string &dir);
+
+/// Writes the checkpoint `m` describes (m.shards is filled in here) under
+/// `dir`, which must exist. Collective: every rank calls it with its own
+/// regions.
+Status saveCheckpoint(Communicator &comm, const std::string &dir, Manifest m,
+                      const std::vector<Region> &regions);
+
+struct Restored {
+  std::string path; ///< the step folder loaded
+  Manifest manifest;
+  /// One line per newer checkpoint skipped, saying why.
+  std::vector<std::string> skipped;
+};
+
+/// Loads this rank's regions from the newest complete checkpoint under `dir`
+/// whose plan fingerprint equals `plan`. Collective: every rank calls it, and
+/// all end on the same checkpoint. The regions' contents are unspecified
+/// when it fails.
+Expected<Restored> loadLatestCheckpoint(Communicator &comm,
+                                        const std::string &dir,
+                                        const Fingerprint &plan,
+                                        const std::vector<Region> &regions);
+
+} // namespace fastllm::rt
+
+#endif // FASTLLM_RUNTIME_CHECKPOINT_H

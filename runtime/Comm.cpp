@@ -1,0 +1,268 @@
+//===- Comm.cpp - collectives over MPI for the training runtime -----------===//
+
+#include "runtime/Comm.h"
+
+// The C API, without the C++ bindings mpi.h would add for C++ sources.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+using namespace fastllm::rt;
+
+namespace {
+
+/// Elements (or bytes, for broadcast) per MPI call: MPI counts are int, and
+/// single messages over a few GiB are where MPI implementations break.
+constexpr int64_t kMaxChunk = int64_t(1) << 28;
+
+/// Whether a launcher (mpirun, srun) started this process, as opposed to a
+/// plain `./train`.
+bool launched() {
+  for (const char *var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
+    if (std::getenv(var))
+      return true;
+  return false;
+}
+
+} // namespace
+
+struct Communicator::Handle {
+  MPI_Comm comm = MPI_COMM_NULL;
+};
+
+struct Request::Pending {
+  Communicator *comm = nullptr;
+  const char *op = "";
+  std::vector<MPI_Request> requests;
+};
+
+//===----------------------------------------------------------------------===//
+// Request
+//===----------------------------------------------------------------------===//
+
+Request::Request() = default;
+Request::Request(Request &&other) noexcept = default;
+
+Request &Request::operator=(Request &&other) noexcept {
+  if (this != &other) {
+    wait();
+    pending = std::move(other.pending);
+  }
+  return *this;
+}
+
+Request::~Request() { wait(); }
+
+void Request::wait() {
+  if (!pending)
+    return;
+  pending->comm->wait(*pending);
+  pending.reset();
+}
+
+bool Request::test() {
+  if (!pending)
+    return true;
+  int done = 0;
+  pending->comm->check(MPI_Testall(int(pending->requests.size()),
+                                   pending->requests.data(), &done,
+                                   MPI_STATUSES_IGNORE),
+                       pending->op);
+  if (done)
+    pending.reset();
+  return done;
+}
+
+//===----------------------------------------------------------------------===//
+// Communicator
+//===----------------------------------------------------------------------===//
+
+Communicator::Communicator() : handle(std::make_unique<Handle>()) {}
+
+Expected<std::unique_ptr<Communicator>> Communicator::create(int *argc,
+                                                             char ***argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized)
+    return errorf("MPI is already initialised: create one Communicator per "
+                  "process");
+  // Open MPI's singleton init otherwise forks a daemon so that the process
+  // could spawn more; a lone trainer never does, and starts faster without.
+  if (!launched())
+    setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
+  int provided = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) !=
+      MPI_SUCCESS)
+    return errorf("cannot initialise MPI");
+  std::unique_ptr<Communicator> comm(new Communicator());
+  MPI_Comm &handle = comm->handle->comm;
+  if (provided < MPI_THREAD_FUNNELED ||
+      MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) !=
+          MPI_SUCCESS ||
+      MPI_Comm_dup(MPI_COMM_WORLD, &handle) != MPI_SUCCESS ||
+      MPI_Comm_set_errhandler(handle, MPI_ERRORS_RETURN) != MPI_SUCCESS ||
+      MPI_Comm_rank(handle, &comm->myRank) != MPI_SUCCESS ||
+      MPI_Comm_size(handle, &comm->worldSize) != MPI_SUCCESS)
+    return errorf("cannot set up MPI_COMM_WORLD (thread level %d provided)",
+                  provided);
+  return comm;
+}
+
+Communicator::~Communicator() {
+  if (handle->comm != MPI_COMM_NULL)
+    MPI_Comm_free(&handle->comm);
+  MPI_Finalize();
+}
+
+void Communicator::abort(const std::string &message) {
+  std::fprintf(stderr, "train: error: rank %d: %s\n", myRank, message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(handle->comm != MPI_COMM_NULL ? handle->comm : MPI_COMM_WORLD, 1);
+  std::_Exit(1); // MPI_Abort does not return; this is for the compiler
+}
+
+void Communicator::fail(const char *op, const std::string &what) {
+  std::string where = currentStep > 0 ? "step " + std::to_string(currentStep)
+                                      : std::string("startup");
+  abort(where + ": " + op + " " + what);
+}
+
+void Communicator::check(int code, const char *op) {
+  if (code == MPI_SUCCESS)
+    return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  fail(op, "failed: " + std::string(text, length));
+}
+
+void Communicator::wait(Request::Pending &pending) {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start = Clock::now();
+  // (Capped at 30 years, which a clock's 64-bit nanoseconds still hold.)
+  Clock::time_point deadline =
+      start + std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::duration<double>(std::min(timeoutSeconds, 1e9)));
+  for (;;) {
+    // Open MPI progresses non-blocking collectives inside MPI calls, so the
+    // wait must keep testing; it spins for the first few milliseconds (most
+    // collectives end there), then yields the core between tests.
+    int done = 0;
+    check(MPI_Testall(int(pending.requests.size()), pending.requests.data(),
+                      &done, MPI_STATUSES_IGNORE),
+          pending.op);
+    if (done)
+      return;
+    Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof(seconds), "%g", timeoutSeconds);
+      fail(pending.op, std::string("timed out after ") + seconds +
+                           " s (a peer rank may have died)");
+    }
+    if (now - start > std::chrono::milliseconds(5))
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+Request Communicator::iallReduceSum(const float *in, float *out, int64_t n) {
+  counters.allReduce += n * int64_t(sizeof(float));
+  Request r;
+  r.pending.reset(new Request::Pending{this, "all-reduce", {}});
+  for (int64_t begin = 0; begin < n; begin += kMaxChunk) {
+    int count = int(std::min(kMaxChunk, n - begin));
+    MPI_Request request;
+    check(MPI_Iallreduce(in == out ? MPI_IN_PLACE : in + begin, out + begin,
+                         count, MPI_FLOAT, MPI_SUM, handle->comm, &request),
+          "all-reduce");
+    r.pending->requests.push_back(request);
+  }
+  return r;
+}
+
+Request Communicator::ireduceScatterSum(const float *in, float *out,
+                                        int64_t n) {
+  const char *op = "reduce-scatter";
+  if (n > INT_MAX)
+    fail(op, "of " + std::to_string(n) +
+                 " elements per rank is larger than "
+                 "MPI's count limit");
+  counters.reduceScatter += worldSize * n * int64_t(sizeof(float));
+  Request r;
+  r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL}});
+  check(MPI_Ireduce_scatter_block(in, out, int(n), MPI_FLOAT, MPI_SUM,
+                                  handle->comm, &r.pending->requests[0]),
+        op);
+  return r;
+}
+
+Request Communicator::iallGather(const float *in, float *out, int64_t n) {
+  const char *op = "all-gather";
+  if (n > INT_MAX)
+    fail(op, "of " + std::to_string(n) +
+                 " elements per rank is larger than "
+                 "MPI's count limit");
+  counters.allGather += worldSize * n * int64_t(sizeof(float));
+  Request r;
+  r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL}});
+  bool inPlace = in == out + int64_t(myRank) * n;
+  check(MPI_Iallgather(inPlace ? MPI_IN_PLACE : in, int(n), MPI_FLOAT, out,
+                       int(n), MPI_FLOAT, handle->comm,
+                       &r.pending->requests[0]),
+        op);
+  return r;
+}
+
+void Communicator::allReduceSum(const float *in, float *out, int64_t n) {
+  iallReduceSum(in, out, n).wait();
+}
+
+void Communicator::reduceScatterSum(const float *in, float *out, int64_t n) {
+  ireduceScatterSum(in, out, n).wait();
+}
+
+void Communicator::allGather(const float *in, float *out, int64_t n) {
+  iallGather(in, out, n).wait();
+}
+
+void Communicator::broadcast(void *data, int64_t bytes, int root) {
+  counters.broadcast += bytes;
+  Request::Pending pending{this, "broadcast", {}};
+  for (int64_t begin = 0; begin < bytes; begin += kMaxChunk) {
+    MPI_Request request;
+    check(MPI_Ibcast(static_cast<char *>(data) + begin,
+                     int(std::min(kMaxChunk, bytes - begin)), MPI_BYTE, root,
+                     handle->comm, &request),
+          pending.op);
+    pending.requests.push_back(request);
+  }
+  wait(pending);
+}
+
+void Communicator::barrier() {
+  Request::Pending pending{this, "barrier", {MPI_REQUEST_NULL}};
+  check(MPI_Ibarrier(handle->comm, &pending.requests[0]), pending.op);
+  wait(pending);
+}
+
+void Communicator::allGatherBytes(const void *in, void *out, int64_t bytes) {
+  const char *op = "all-gather (control)";
+  if (bytes > INT_MAX)
+    fail(op, "of " + std::to_string(bytes) +
+                 " bytes is larger than MPI's "
+                 "count limit");
+  counters.control += worldSize * bytes;
+  Request::Pending pending{this, op, {MPI_REQUEST_NULL}};
+  check(MPI_Iallgather(in, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE,
+                       handle->comm, &pending.requests[0]),
+        op);
+  wait(pending);
+}

@@ -1,0 +1,138 @@
+//===- Comm.h - collectives over MPI for the training runtime ---*- C++ -*-===//
+//
+// Every training process, launched by mpirun or alone, owns one Communicator:
+// MPI is always initialised (a process started without mpirun is a 1-rank
+// world), so the training loop has a single code path.
+//
+// A collective that cannot complete is fatal for the whole job: the peers are
+// already inside it and only MPI_Abort releases them. So collectives do not
+// return a Status. Each wait polls with a deadline (--collective-timeout); on
+// timeout or an MPI error the process prints
+//
+//   train: error: rank R: step S: <collective> timed out after T s (...)
+//
+// and aborts the job, so no rank hangs forever on a dead or diverged peer.
+//
+// The header does not include <mpi.h>: generated code and tests can call the
+// runtime without MPI's include paths.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_RUNTIME_COMM_H
+#define FASTLLM_RUNTIME_COMM_H
+
+#include "runtime/Status.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace fastllm::rt {
+
+/// Bytes moved by the collectives since the last reset. Each counts the full
+/// (unsharded) buffer: a reduce-scatter of p*n elements into n per rank
+/// counts p*n*4 bytes, an all-gather of n into p*n counts p*n*4, an
+/// all-reduce of n counts n*4. These are the figures the compiler's plan
+/// states per step.
+struct CommBytes {
+  int64_t allReduce = 0, reduceScatter = 0, allGather = 0, broadcast = 0;
+  /// The runtime's own small exchanges (the global loss, checkpoint
+  /// checksums), kept apart so the other kinds match the plan exactly.
+  int64_t control = 0;
+};
+
+class Communicator;
+
+/// A non-blocking collective in flight. Its buffers must stay untouched until
+/// wait() returns; destroying a pending Request waits for it.
+class Request {
+public:
+  Request();
+  Request(Request &&other) noexcept;
+  Request &operator=(Request &&other) noexcept;
+  Request(const Request &) = delete;
+  Request &operator=(const Request &) = delete;
+  ~Request();
+
+  /// Returns once the collective is complete (at once for an empty Request);
+  /// aborts the job on timeout or an MPI error.
+  void wait();
+  /// Whether the collective is complete, without blocking.
+  bool test();
+
+private:
+  friend class Communicator;
+  struct Pending;
+  std::unique_ptr<Pending> pending;
+};
+
+class Communicator {
+public:
+  /// Initialises MPI (MPI_Init_thread, funneled: only the calling thread
+  /// communicates) and duplicates MPI_COMM_WORLD with MPI_ERRORS_RETURN. Call
+  /// once per process: MPI cannot be initialised again after it finalises.
+  /// argc/argv may be null.
+  static Expected<std::unique_ptr<Communicator>> create(int *argc,
+                                                        char ***argv);
+  Communicator(const Communicator &) = delete;
+  Communicator &operator=(const Communicator &) = delete;
+  /// Finalises MPI.
+  ~Communicator();
+
+  int rank() const { return myRank; }
+  int size() const { return worldSize; }
+
+  /// Seconds a wait may last before the job is aborted (default 300).
+  void setTimeout(double seconds) { timeoutSeconds = seconds; }
+  double timeout() const { return timeoutSeconds; }
+  /// The 1-based training step named in error messages; 0 before training.
+  void setStep(int64_t step) { currentStep = step; }
+
+  /// out[i] = sum over ranks of in[i], for i < n. `in == out` is in place.
+  void allReduceSum(const float *in, float *out, int64_t n);
+  /// in: size()*n elements; out: this rank's n-element shard of their sum
+  /// over ranks (block rank() of the summed array). Averaging is the
+  /// caller's.
+  void reduceScatterSum(const float *in, float *out, int64_t n);
+  /// in: this rank's n elements; out: size()*n, rank r's in block r.
+  /// `in == out + rank() * n` is in place.
+  void allGather(const float *in, float *out, int64_t n);
+  void broadcast(void *data, int64_t bytes, int root);
+  void barrier();
+  /// An all-gather of `bytes` raw bytes per rank, counted as control.
+  void allGatherBytes(const void *in, void *out, int64_t bytes);
+
+  /// Non-blocking forms of the three fp32 collectives, for overlapping them
+  /// with compute; counted when issued.
+  Request iallReduceSum(const float *in, float *out, int64_t n);
+  Request ireduceScatterSum(const float *in, float *out, int64_t n);
+  Request iallGather(const float *in, float *out, int64_t n);
+
+  const CommBytes &bytes() const { return counters; }
+  void resetBytes() { counters = CommBytes(); }
+
+  /// Prints `train: error: rank R: message` and aborts every rank of the
+  /// job. For failures of one rank that its peers cannot know about.
+  [[noreturn]] void abort(const std::string &message);
+
+private:
+  friend class Request;
+  struct Handle;
+  Communicator();
+  /// Aborts naming the rank, the step and `what` went wrong in `op`.
+  [[noreturn]] void fail(const char *op, const std::string &what);
+  /// Aborts with MPI's description of `code` when it is not MPI_SUCCESS.
+  void check(int code, const char *op);
+  /// Waits for a pending collective until the timeout.
+  void wait(Request::Pending &pending);
+
+  std::unique_ptr<Handle> handle;
+  int myRank = 0, worldSize = 1;
+  double timeoutSeconds = 300;
+  int64_t currentStep = 0;
+  CommBytes counters;
+};
+
+} // namespace fastllm::rt
+
+#endif // FASTLLM_RUNTIME_COMM_H
