@@ -236,19 +236,28 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
   if (!numParams)
     os << "    {\"\", 0, {0}, 0, 0, 0, 0},\n";
   os << "};\n\n";
+  os << "const StageInfo kStages[] = {\n";
+  for (auto [offset, elements] :
+       llvm::zip(plan.stageOffsets, plan.stageElements))
+    os << "    {" << offset << ", " << elements << "},\n";
+  if (plan.stageOffsets.empty())
+    os << "    {0, 0},\n";
+  os << "};\n\n";
   os << "const PlanInfo kPlan = {\n"
      << "    kAbiVersion, \"cpu\", " << tokShape[0] << ", " << tokShape[1]
      << ", " << vocab << ",\n"
      << "    " << cString(argName(plan.tokensArg)) << ", "
      << cString(argName(plan.targetsArg)) << ",\n"
      << "    " << numParams << ", kParams, " << plan.paramElements << ",\n"
+     << "    /*dataParallel=*/" << plan.dataParallel << ", /*zeroStage=*/"
+     << plan.zeroStage << ", " << plan.stageOffsets.size() << ", kStages,\n"
      << "    " << plan.arenaBytes << ",\n"
-     << "    " << plan.paramsOffset << ", " << plan.gradsOffset << ", "
-     << plan.adamMOffset << ", " << plan.adamVOffset << ",\n"
+     << "    " << plan.paramsOffset << ", " << plan.gradsOffset << ",\n"
+     << "    " << plan.masterOffset << ", " << plan.adamMOffset << ", "
+     << plan.adamVOffset << ", " << plan.gradShardOffset << ",\n"
      << "    " << plan.tokensOffset << ", " << plan.targetsOffset << ",\n"
      << "    " << plan.activationsOffset << ", " << plan.activationsBytes
      << ", " << plan.activationsUnsharedBytes << ",\n"
-     << "    /*dataParallel=*/1,\n"
      << "};\n";
   return success();
 }

@@ -25,8 +25,15 @@ constexpr llvm::StringLiteral kMemoryPlanAttr = "plan.memory";
 /// otherwise.
 struct MemoryPlan {
   int64_t arenaBytes = 0;
-  int64_t paramElements = 0;  ///< length of the flat params/grads/m/v arrays
-  int64_t paramsOffset = 0, gradsOffset = 0, adamMOffset = 0, adamVOffset = 0;
+  int64_t paramElements = 0;  ///< length of the full params/grads arrays
+  int64_t dataParallel = 1, zeroStage = 1;
+  /// Full weight and gradient arrays, then this rank's shards (paramElements
+  /// / dataParallel each) of the master weights, AdamW moments and the
+  /// reduced gradient.
+  int64_t paramsOffset = 0, gradsOffset = 0;
+  int64_t masterOffset = 0, adamMOffset = 0, adamVOffset = 0, gradShardOffset = 0;
+  /// Each stage's slice of the flat arrays (elements), padded to dp * 32.
+  SmallVector<int64_t> stageOffsets, stageElements;
   int64_t tokensOffset = 0, targetsOffset = 0;
   int64_t tokensArg = 0, targetsArg = 0; ///< @train_step argument numbers
   int64_t activationsOffset = 0, activationsBytes = 0;

@@ -29,9 +29,12 @@ def PlanMemoryPass : Pass<"fastllm-plan-memory", "ModuleOp"> {
   let description = [{
     Plans the memory of `func.func @train_step` for one rank:
 
-    - parameters are laid end to end in one flat fp32 array (each padded to
-      `alignment` bytes); `model.parameter`s get `plan.offset` (elements);
-      the gradient accumulator and the AdamW moments mirror that layout;
+    - parameters are laid end to end in one flat fp32 array, ordered by
+      stage (`model.stage`), each tensor aligned to `alignment` bytes and
+      each stage padded to a multiple of `dp * 32` elements;
+      `model.parameter`s get `plan.offset` (elements); the gradient buffer
+      mirrors that layout, and the fp32 master weights, AdamW moments and
+      reduced gradients are this rank's 1/dp shard of every stage;
     - the token and target inputs (the first two integer arguments) get
       regions of their own;
     - every other tensor an op produces gets a byte offset in the activation
@@ -47,6 +50,11 @@ def PlanMemoryPass : Pass<"fastllm-plan-memory", "ModuleOp"> {
   let options = [
     Option<"alignment", "alignment", "int64_t", /*default=*/"64",
            "Alignment of every buffer, in bytes (a power of two)">,
+    Option<"dp", "dp", "int64_t", /*default=*/"1",
+           "Data-parallel ranks: each stage is padded to dp * 32 elements and "
+           "the master weights, moments and reduced gradients are sharded">,
+    Option<"zeroStage", "zero-stage", "int64_t", /*default=*/"1",
+           "ZeRO stage (1, 2 or 3)">,
   ];
 }
 

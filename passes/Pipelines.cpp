@@ -13,11 +13,17 @@ using namespace mlir::fastllm;
 void mlir::fastllm::buildCpuTrainingPipeline(
     OpPassManager &pm, const TrainingPipelineOptions &options) {
   pm.addNestedPass<func::FuncOp>(createFusePass());
+  PartitionStagesPassOptions partition;
+  partition.layersPerStage = options.layersPerStage;
+  pm.addPass(createPartitionStagesPass(partition));
   AutodiffPassOptions autodiff;
   autodiff.freeze = options.freeze;
   pm.addPass(createAutodiffPass(autodiff));
   pm.addPass(createCSEPass());
-  pm.addPass(createPlanMemoryPass());
+  PlanMemoryPassOptions memory;
+  memory.dp = options.dp;
+  memory.zeroStage = options.zeroStage;
+  pm.addPass(createPlanMemoryPass(memory));
 }
 
 void mlir::fastllm::registerFastllmPipelines() {

@@ -19,6 +19,14 @@ struct TrainingPipelineOptions
   Option<std::string> freeze{*this, "freeze",
                              llvm::cl::desc("Regex of parameters to freeze"),
                              llvm::cl::init("")};
+  Option<double> layersPerStage{*this, "layers-per-stage",
+                                llvm::cl::desc("Layers per stage"),
+                                llvm::cl::init(1.0)};
+  Option<int64_t> dp{*this, "dp", llvm::cl::desc("Data-parallel ranks"),
+                     llvm::cl::init(1)};
+  Option<int64_t> zeroStage{*this, "zero-stage",
+                            llvm::cl::desc("ZeRO stage (1, 2 or 3)"),
+                            llvm::cl::init(1)};
 };
 
 /// Imported model -> planned training step, ready for the CPU emitter.

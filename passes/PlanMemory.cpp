@@ -16,6 +16,9 @@
 #include "mlir/IR/Builders.h"
 #include "llvm/Support/MathExtras.h"
 
+#include <map>
+#include <numeric>
+
 namespace mlir::fastllm {
 #define GEN_PASS_DEF_PLANMEMORYPASS
 #include "passes/Passes.h.inc"
@@ -38,10 +41,14 @@ namespace {
 template <typename Plan, typename Fn> void forEachField(Plan &p, Fn fn) {
   fn("arena_bytes", p.arenaBytes);
   fn("param_elements", p.paramElements);
+  fn("data_parallel", p.dataParallel);
+  fn("zero_stage", p.zeroStage);
   fn("params_offset", p.paramsOffset);
   fn("grads_offset", p.gradsOffset);
+  fn("master_offset", p.masterOffset);
   fn("adam_m_offset", p.adamMOffset);
   fn("adam_v_offset", p.adamVOffset);
+  fn("grad_shard_offset", p.gradShardOffset);
   fn("tokens_offset", p.tokensOffset);
   fn("targets_offset", p.targetsOffset);
   fn("tokens_arg", p.tokensArg);
@@ -58,6 +65,8 @@ DictionaryAttr MemoryPlan::toAttr(MLIRContext *context) const {
   forEachField(*this, [&](StringRef name, int64_t value) {
     attrs.push_back(b.getNamedAttr(name, b.getI64IntegerAttr(value)));
   });
+  attrs.push_back(b.getNamedAttr("stage_offsets", b.getDenseI64ArrayAttr(stageOffsets)));
+  attrs.push_back(b.getNamedAttr("stage_elements", b.getDenseI64ArrayAttr(stageElements)));
   return b.getDictionaryAttr(attrs);
 }
 
@@ -70,7 +79,13 @@ std::optional<MemoryPlan> MemoryPlan::fromAttr(DictionaryAttr attr) {
     if (v)
       value = v.getInt();
   });
-  return ok ? std::optional<MemoryPlan>(plan) : std::nullopt;
+  auto offsets = attr.getAs<DenseI64ArrayAttr>("stage_offsets");
+  auto elements = attr.getAs<DenseI64ArrayAttr>("stage_elements");
+  if (!ok || !offsets || !elements || offsets.size() != elements.size())
+    return std::nullopt;
+  plan.stageOffsets.assign(offsets.asArrayRef().begin(), offsets.asArrayRef().end());
+  plan.stageElements.assign(elements.asArrayRef().begin(), elements.asArrayRef().end());
+  return plan;
 }
 
 std::optional<MemoryPlan> MemoryPlan::get(ModuleOp module) {
@@ -149,8 +164,22 @@ void PlanMemoryPass::runOnOperation() {
   auto align = [&](int64_t v) { return (int64_t)llvm::alignTo(v, alignment); };
   MemoryPlan plan;
 
-  // Parameters: one flat fp32 array, each tensor aligned.
+  if (dp < 1) {
+    module.emitError("dp must be at least 1, got ") << dp.getValue();
+    return signalPassFailure();
+  }
+  if (zeroStage < 1 || zeroStage > 3) {
+    module.emitError("zero-stage must be 1, 2 or 3, got ") << zeroStage.getValue();
+    return signalPassFailure();
+  }
+  plan.dataParallel = dp;
+  plan.zeroStage = zeroStage;
+
+  // Parameters: one flat fp32 array ordered by stage (model.stage, 0 when
+  // the model was not partitioned), each tensor aligned, each stage padded
+  // to a multiple of dp * 32 elements so it splits into equal shards.
   int64_t elemAlign = alignment / 4;
+  std::map<int64_t, SmallVector<ParameterOp>> byStage;
   for (auto param : module.getOps<ParameterOp>()) {
     RankedTensorType type = param.getTensorType();
     if (!type.getElementType().isF32()) {
@@ -158,15 +187,31 @@ void PlanMemoryPass::runOnOperation() {
           << type.getElementType() << "; parameters must be f32 (fp32 master weights)";
       return signalPassFailure();
     }
-    param->setAttr(kParamOffsetAttr, b.getI64IntegerAttr(plan.paramElements));
-    plan.paramElements += llvm::alignTo(type.getNumElements(), elemAlign);
+    auto stage = param->getAttrOfType<IntegerAttr>("model.stage");
+    byStage[stage ? stage.getInt() : 0].push_back(param);
+  }
+  int64_t stageAlign = std::lcm<int64_t>(dp * 32, elemAlign);
+  for (auto &[stage, params] : byStage) {
+    int64_t start = plan.paramElements;
+    for (ParameterOp param : params) {
+      param->setAttr(kParamOffsetAttr, b.getI64IntegerAttr(plan.paramElements));
+      plan.paramElements +=
+          llvm::alignTo(param.getTensorType().getNumElements(), elemAlign);
+    }
+    plan.paramElements = llvm::alignTo(plan.paramElements, stageAlign);
+    plan.stageOffsets.push_back(start);
+    plan.stageElements.push_back(plan.paramElements - start);
   }
   int64_t paramBytes = align(plan.paramElements * 4);
+  int64_t shardBytes = align(plan.paramElements / dp * 4);
   plan.paramsOffset = 0;
   plan.gradsOffset = paramBytes;
-  plan.adamMOffset = 2 * paramBytes;
-  plan.adamVOffset = 3 * paramBytes;
-  int64_t cursor = 4 * paramBytes;
+  int64_t cursor = 2 * paramBytes;
+  for (int64_t *region : {&plan.masterOffset, &plan.adamMOffset,
+                          &plan.adamVOffset, &plan.gradShardOffset}) {
+    *region = cursor;
+    cursor += shardBytes;
+  }
 
   // Inputs: the first two integer arguments are the tokens and the targets.
   SmallVector<int64_t> intArgs;

@@ -88,7 +88,7 @@ uint32_t fastllm::rt::crc32c(uint32_t crc, const void *data, size_t n) {
 // Fingerprints
 //===----------------------------------------------------------------------===//
 
-Fingerprint fastllm::rt::planFingerprint(const PlanInfo &plan, int64_t dp) {
+Fingerprint fastllm::rt::planFingerprint(const PlanInfo &plan) {
   auto str = [](int64_t x) { return std::to_string(x); };
   Fingerprint f = {{"target", plan.target},
                    {"batch_size", str(plan.batchSize)},
@@ -96,9 +96,16 @@ Fingerprint fastllm::rt::planFingerprint(const PlanInfo &plan, int64_t dp) {
                    {"vocab_size", str(plan.vocabSize)},
                    {"tokens_input", plan.tokensInput},
                    {"targets_input", plan.targetsInput},
-                   {"dp", str(dp)},
+                   {"dp", str(plan.dataParallel)},
+                   {"zero_stage", str(plan.zeroStage)},
                    {"param_elements", str(plan.paramElements)},
+                   {"num_stages", str(plan.numStages)},
                    {"num_params", str(plan.numParams)}};
+  for (int32_t k = 0; k < plan.numStages; ++k) {
+    std::string key = "stages[" + str(k) + "].";
+    f.push_back({key + "offset", str(plan.stages[k].offset)});
+    f.push_back({key + "elements", str(plan.stages[k].elements)});
+  }
   for (int32_t i = 0; i < plan.numParams; ++i) {
     const ParamInfo &p = plan.params[i];
     std::string key = "params[" + str(i) + "].", shape = "[";

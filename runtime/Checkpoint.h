@@ -4,8 +4,8 @@
 //
 //   DIR/step-00000012/rank-00000.bin ... rank-<dp-1>.bin, manifest.json
 //
-// Each rank saves the byte regions it owns (today the whole params, AdamW m
-// and v; with ZeRO, its shards of them) to a temporary file, fsyncs it and
+// Each rank saves the byte regions it owns (with ZeRO-1: its shards of the
+// fp32 master weights and AdamW's m and v) to a temporary file, fsyncs it and
 // renames it into place. Then rank 0 gathers every shard's size and CRC32C and
 // writes manifest.json last, the same way, and syncs the folder: a checkpoint
 // without a manifest is incomplete by construction.
@@ -50,9 +50,10 @@ uint32_t crc32cPortable(uint32_t crc, const void *data, size_t bytes);
 using Fingerprint = std::vector<std::pair<std::string, std::string>>;
 
 /// The plan's identifying fields: target, batch and sequence sizes, vocab,
-/// input names, dp, the flat array length and every parameter's name,
-/// shape, offset and trainability.
-Fingerprint planFingerprint(const PlanInfo &plan, int64_t dp);
+/// input names, dp, the ZeRO stage, the flat array length, the stage table
+/// (which, with dp, fixes what each rank's shard holds) and every
+/// parameter's name, shape, offset and trainability.
+Fingerprint planFingerprint(const PlanInfo &plan);
 
 /// "FIELD is A in the checkpoint but B in this run" for the first field in
 /// which `saved` and `current` differ, or nothing when they agree.

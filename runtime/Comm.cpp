@@ -103,6 +103,7 @@ Expected<std::unique_ptr<Communicator>> Communicator::create(int *argc,
       MPI_SUCCESS)
     return errorf("cannot initialise MPI");
   std::unique_ptr<Communicator> comm(new Communicator());
+  comm->ownsMpi = true;
   MPI_Comm &handle = comm->handle->comm;
   if (provided < MPI_THREAD_FUNNELED ||
       MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) !=
@@ -116,10 +117,28 @@ Expected<std::unique_ptr<Communicator>> Communicator::create(int *argc,
   return comm;
 }
 
+Expected<std::unique_ptr<Communicator>> Communicator::createSelf() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized)
+    return errorf("MPI is not initialised: create the world Communicator "
+                  "first");
+  std::unique_ptr<Communicator> comm(new Communicator());
+  MPI_Comm &handle = comm->handle->comm;
+  if (MPI_Comm_dup(MPI_COMM_SELF, &handle) != MPI_SUCCESS ||
+      MPI_Comm_set_errhandler(handle, MPI_ERRORS_RETURN) != MPI_SUCCESS ||
+      MPI_Comm_rank(handle, &comm->myRank) != MPI_SUCCESS ||
+      MPI_Comm_size(handle, &comm->worldSize) != MPI_SUCCESS)
+    return errorf("cannot set up MPI_COMM_SELF");
+  return comm;
+}
+
 Communicator::~Communicator() {
   if (handle->comm != MPI_COMM_NULL)
     MPI_Comm_free(&handle->comm);
-  MPI_Finalize();
+  if (ownsMpi)
+    MPI_Finalize();
 }
 
 void Communicator::abort(const std::string &message) {
@@ -231,6 +250,27 @@ void Communicator::reduceScatterSum(const float *in, float *out, int64_t n) {
 
 void Communicator::allGather(const float *in, float *out, int64_t n) {
   iallGather(in, out, n).wait();
+}
+
+void Communicator::allReduceSumOrdered(const double *in, double *out,
+                                       int64_t n) {
+  const char *op = "all-reduce";
+  if (n > INT_MAX / std::max(worldSize, 1))
+    fail(op, "of " + std::to_string(n) +
+                 " doubles is larger than the ordered form handles");
+  counters.allReduce += n * int64_t(sizeof(double));
+  std::vector<double> all(size_t(worldSize) * n);
+  Request::Pending pending{this, op, {MPI_REQUEST_NULL}};
+  check(MPI_Iallgather(in, int(n), MPI_DOUBLE, all.data(), int(n), MPI_DOUBLE,
+                       handle->comm, &pending.requests[0]),
+        op);
+  wait(pending);
+  for (int64_t i = 0; i < n; ++i) {
+    double sum = 0;
+    for (int r = 0; r < worldSize; ++r)
+      sum += all[size_t(r) * n + i];
+    out[i] = sum;
+  }
 }
 
 void Communicator::broadcast(void *data, int64_t bytes, int root) {

@@ -74,9 +74,13 @@ public:
   /// argc/argv may be null.
   static Expected<std::unique_ptr<Communicator>> create(int *argc,
                                                         char ***argv);
+  /// A 1-rank world of this process alone (a duplicate of MPI_COMM_SELF),
+  /// for single-rank work inside a job, such as a test's reference run. MPI
+  /// must be initialised (by create()); destroying it does not finalise.
+  static Expected<std::unique_ptr<Communicator>> createSelf();
   Communicator(const Communicator &) = delete;
   Communicator &operator=(const Communicator &) = delete;
-  /// Finalises MPI.
+  /// Frees the communicator; finalises MPI when create() initialised it.
   ~Communicator();
 
   int rank() const { return myRank; }
@@ -97,6 +101,11 @@ public:
   /// in: this rank's n elements; out: size()*n, rank r's in block r.
   /// `in == out + rank() * n` is in place.
   void allGather(const float *in, float *out, int64_t n);
+  /// out[i] = sum over ranks of in[i], added in rank order in double, so
+  /// that every rank gets the same bits whatever algorithm MPI picks (for
+  /// small n: it gathers every rank's n values). Counted as an all-reduce of
+  /// n * 8 bytes. `in == out` is allowed.
+  void allReduceSumOrdered(const double *in, double *out, int64_t n);
   void broadcast(void *data, int64_t bytes, int root);
   void barrier();
   /// An all-gather of `bytes` raw bytes per rank, counted as control.
@@ -128,6 +137,7 @@ private:
 
   std::unique_ptr<Handle> handle;
   int myRank = 0, worldSize = 1;
+  bool ownsMpi = false; ///< created by create(): finalises MPI
   double timeoutSeconds = 300;
   int64_t currentStep = 0;
   CommBytes counters;

@@ -303,16 +303,21 @@ Expected<Options> fastllm::rt::parseFlags(int argc, const char *const *argv,
 
 std::string fastllm::rt::helpText(const PlanInfo &plan) {
   ParamCounts counts = countParams(plan);
-  char model[512];
+  char model[1024];
   std::snprintf(
       model, sizeof(model),
       "model: target %s, batch %lld x seq %lld tokens per micro-batch, vocab "
-      "%lld\n  %lld parameters in %d tensors (%lld trainable); arena %lld "
-      "bytes (%.1f MiB)\n  tokens input '%s', targets input '%s'\n",
+      "%lld\n  %lld parameters in %d tensors (%lld trainable) in %d "
+      "stage%s; arena %lld bytes (%.1f MiB)\n  data parallel over %d rank%s "
+      "(mpirun -np %d), ZeRO stage %d\n  tokens input '%s', targets input "
+      "'%s'\n",
       plan.target, (long long)plan.batchSize, (long long)plan.seqLen,
       (long long)plan.vocabSize, (long long)counts.total, plan.numParams,
-      (long long)counts.trainable, (long long)plan.arenaBytes,
-      plan.arenaBytes / 1048576.0, plan.tokensInput, plan.targetsInput);
+      (long long)counts.trainable, plan.numStages,
+      plan.numStages == 1 ? "" : "s", (long long)plan.arenaBytes,
+      plan.arenaBytes / 1048576.0, plan.dataParallel,
+      plan.dataParallel == 1 ? "" : "s", plan.dataParallel, plan.zeroStage,
+      plan.tokensInput, plan.targetsInput);
 
   std::string text = "usage: train --data FILE --steps N --lr F [flags]\n\n";
   text += model;

@@ -33,7 +33,10 @@ std::string fastllm::rt::metricsJson(const StepRecord &r) {
          ", \"grad_norm\": " + number(r.gradNorm) +
          ", \"tokens_per_s\": " + number(r.tokensPerSecond, "%.1f") +
          ", \"step_ms\": " + number(r.stepMs, "%.3f") +
-         ", \"mem_bytes\": " + std::to_string(r.memBytes) + "}";
+         ", \"mem_bytes\": " + std::to_string(r.memBytes) +
+         ", \"reduce_scatter_bytes\": " + std::to_string(r.reduceScatterBytes) +
+         ", \"all_gather_bytes\": " + std::to_string(r.allGatherBytes) +
+         ", \"all_reduce_bytes\": " + std::to_string(r.allReduceBytes) + "}";
 }
 
 std::string fastllm::rt::formatDuration(double seconds) {

@@ -25,6 +25,11 @@ struct StepRecord {
   double tokensPerSecond = 0;
   double stepMs = 0;
   int64_t memBytes = 0;
+  /// Bytes the step's collectives moved, as the Communicator counts them
+  /// (CommBytes): with ZeRO-1 and dp > 1 the reduce-scatter and the
+  /// all-gather each count the full padded parameter array, the all-reduce
+  /// the gradient norm's sum of squares. All 0 with dp = 1.
+  int64_t reduceScatterBytes = 0, allGatherBytes = 0, allReduceBytes = 0;
 };
 
 /// One JSON object, without a newline: the loss with %.9g (float precision),

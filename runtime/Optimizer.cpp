@@ -2,6 +2,8 @@
 
 #include "runtime/Optimizer.h"
 
+#include "runtime/Plan.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -11,19 +13,38 @@ using namespace fastllm::rt;
 /// balance a few big embedding tables against many small vectors.
 constexpr int64_t kChunkElements = 1 << 15;
 
-AdamW::AdamW(const PlanInfo &plan, const AdamWConfig &config) : config(config) {
+AdamW::AdamW(const PlanInfo &plan, const AdamWConfig &config, int64_t rank)
+    : config(config) {
+  const StageInfo *stagesEnd = plan.stages + plan.numStages;
   for (int32_t i = 0; i < plan.numParams; ++i) {
     const ParamInfo &p = plan.params[i];
-    if (!p.trainable)
+    if (!p.trainable || p.numel == 0)
       continue;
-    for (int64_t b = 0; b < p.numel; b += kChunkElements)
-      chunks.push_back({p.offset + b,
-                        p.offset + std::min(p.numel, b + kChunkElements),
+    // The stage that holds the parameter (validatePlan: exactly one).
+    const StageInfo *stage = std::upper_bound(
+        plan.stages, stagesEnd, p.offset,
+        [](int64_t x, const StageInfo &s) { return x < s.offset; });
+    ShardSlice slice =
+        shardSlice(plan, int32_t(stage - plan.stages) - 1, rank);
+    int64_t begin = std::max(p.offset, slice.fullOffset);
+    int64_t end = std::min(p.offset + p.numel, slice.fullOffset + slice.elements);
+    if (begin >= end)
+      continue; // in other ranks' shards
+    int64_t at = slice.shardOffset + (begin - slice.fullOffset);
+    for (int64_t b = 0; b < end - begin; b += kChunkElements)
+      chunks.push_back({at + b, at + std::min(end - begin, b + kChunkElements),
                         p.weightDecay != 0});
   }
 }
 
-double AdamW::gradNorm(const float *grads) const {
+int64_t AdamW::trainableElements() const {
+  int64_t n = 0;
+  for (const Chunk &c : chunks)
+    n += c.end - c.begin;
+  return n;
+}
+
+double AdamW::sumOfSquares(const float *grads) const {
   int64_t n = chunks.size();
   std::vector<double> partial(n);
 #pragma omp parallel for schedule(dynamic)
@@ -36,7 +57,11 @@ double AdamW::gradNorm(const float *grads) const {
   double total = 0;
   for (double s : partial)
     total += s;
-  return std::sqrt(total);
+  return total;
+}
+
+double AdamW::gradNorm(const float *grads) const {
+  return std::sqrt(sumOfSquares(grads));
 }
 
 void AdamW::clipGradients(float *grads, double totalNorm,
@@ -53,7 +78,7 @@ void AdamW::clipGradients(float *grads, double totalNorm,
       grads[j] *= coef;
 }
 
-void AdamW::step(float *params, const float *grads, float *m, float *v,
+void AdamW::step(float *master, const float *grads, float *m, float *v,
                  double lr, int64_t t) const {
   // Scalars in double, as torch/optim/adamw.py computes them in Python...
   double biasCorrection1 = 1 - std::pow(config.beta1, double(t));
@@ -78,7 +103,7 @@ void AdamW::step(float *params, const float *grads, float *m, float *v,
     for (int64_t j = chunk.begin; j < chunk.end; ++j) {
       float g = grads[j];
       // param.mul_(1 - lr * weight_decay)
-      float p = decays ? params[j] * decay : params[j];
+      float p = decays ? master[j] * decay : master[j];
       // exp_avg.lerp_(grad, 1 - beta1), in ATen's two-sided lerp form.
       float mj = m[j];
       mj = smallWeight ? mj + lerpWeight * (g - mj)
@@ -89,7 +114,7 @@ void AdamW::step(float *params, const float *grads, float *m, float *v,
       // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
       float denom = std::sqrt(vj) / correction2Sqrt + eps;
       // param.addcdiv_(exp_avg, denom, value=-step_size)
-      params[j] = p + negStepSize * mj / denom;
+      master[j] = p + negStepSize * mj / denom;
       m[j] = mj;
       v[j] = vj;
     }

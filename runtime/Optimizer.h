@@ -5,9 +5,17 @@
 // in double as Python does, then rounded to float as ATen's kernels do), and
 // clipping follows torch.nn.utils.clip_grad_norm_.
 //
-// Every loop runs over fixed-size chunks of the flat arrays: sums are formed
-// per chunk and added in chunk order, so results do not depend on the number
-// of OpenMP threads (a resumed run must be bit-exact).
+// With ZeRO, each rank updates only its shard: the optimizer works on the
+// shard arrays (master weights, moments, reduced gradients) of one rank, and
+// on the pieces of the trainable parameters that fall into that shard. A
+// parameter may cross a shard boundary; padding and frozen parameters belong
+// to no piece and are never touched. With dp = 1 the shard is the whole flat
+// array.
+//
+// Every loop runs over fixed-size chunks of those pieces, in the order of the
+// plan's parameter table: sums are formed per chunk and added in chunk order,
+// so results do not depend on the number of OpenMP threads (a resumed run
+// must be bit-exact).
 //
 //===----------------------------------------------------------------------===//
 
@@ -31,23 +39,33 @@ struct AdamWConfig {
 
 class AdamW {
 public:
-  AdamW(const PlanInfo &plan, const AdamWConfig &config);
+  /// The optimizer of rank `rank`'s shard of a valid plan (validatePlan):
+  /// every array below has shardElements(plan) elements.
+  AdamW(const PlanInfo &plan, const AdamWConfig &config, int64_t rank = 0);
 
-  /// The L2 norm of the trainable parameters' gradients (frozen ones have
-  /// none in PyTorch), accumulated in double.
-  double gradNorm(const float *grads) const;
+  /// The sum of squares of the trainable gradients in this rank's shard
+  /// (frozen parameters have none in PyTorch), accumulated in double. The
+  /// global norm is the square root of its sum over ranks.
+  double sumOfSquares(const float *gradShard) const;
+  /// sqrt(sumOfSquares): the norm when this rank holds everything (dp = 1).
+  double gradNorm(const float *gradShard) const;
 
   /// clip_grad_norm_(max_norm): scales the trainable gradients by
-  /// max_norm / (totalNorm + 1e-6) when that is below 1.
-  void clipGradients(float *grads, double totalNorm, double maxNorm) const;
+  /// max_norm / (totalNorm + 1e-6) when that is below 1. totalNorm is the
+  /// global norm, so every rank scales by the same factor.
+  void clipGradients(float *gradShard, double totalNorm, double maxNorm) const;
 
-  /// One AdamW update of the trainable parameters at 1-based step `t`; m and
-  /// v start at zero. Frozen parameters and their moments are not touched.
-  void step(float *params, const float *grads, float *m, float *v, double lr,
-            int64_t t) const;
+  /// One AdamW update of the trainable master weights at 1-based step `t`;
+  /// m and v start at zero. Frozen parameters, padding and their moments are
+  /// not touched.
+  void step(float *master, const float *gradShard, float *m, float *v,
+            double lr, int64_t t) const;
+
+  /// Trainable elements in this rank's shard.
+  int64_t trainableElements() const;
 
 private:
-  /// A piece of one trainable parameter, in elements of the flat arrays.
+  /// A piece of one trainable parameter, in elements of the shard arrays.
   struct Chunk {
     int64_t begin, end;
     bool decay;

@@ -2,11 +2,32 @@
 
 #include "runtime/Plan.h"
 
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <initializer_list>
+#include <set>
 #include <string>
+#include <string_view>
+#include <vector>
 
 using namespace fastllm::rt;
+
+namespace {
+
+Status invalid(const std::string &what) {
+  return Status::error("invalid model plan: " + what);
+}
+
+std::string str(int64_t x) { return std::to_string(x); }
+
+/// A byte range of the arena that one buffer occupies.
+struct Extent {
+  const char *name;
+  int64_t offset, bytes;
+};
+
+} // namespace
 
 Status fastllm::rt::validatePlan(const PlanInfo &plan) {
   if (plan.abiVersion != kAbiVersion)
@@ -17,46 +38,133 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
     return errorf("this runtime trains target 'cpu' models; the model was "
                   "compiled for '%s'",
                   plan.target ? plan.target : "");
-  auto invalid = [](const std::string &what) {
-    return Status::error("invalid model plan: " + what);
-  };
+  if (plan.zeroStage == 2 || plan.zeroStage == 3)
+    return errorf("the model was compiled for ZeRO stage %d, which is not "
+                  "supported by this runtime yet; compile it with "
+                  "--zero-stage 1",
+                  plan.zeroStage);
+  if (plan.zeroStage != 1)
+    return invalid("zero stage " + str(plan.zeroStage) + " is not 1, 2 or 3");
+  if (plan.dataParallel < 1)
+    return invalid("data parallelism " + str(plan.dataParallel) +
+                   " is not positive");
+  if (!plan.tokensInput || !plan.targetsInput)
+    return invalid("an input name is missing");
   if (plan.batchSize < 1 || plan.seqLen < 1 || plan.vocabSize < 1 ||
       plan.numParams < 0 || plan.paramElements < 0 || plan.arenaBytes < 1 ||
-      (plan.numParams > 0 && !plan.params))
-    return invalid("non-positive sizes");
-  auto region = [&](const char *what, int64_t offset, int64_t bytes,
-                    int64_t align) {
-    if (offset < 0 || bytes < 0 || offset % align != 0 ||
-        offset > plan.arenaBytes - bytes)
-      return invalid(std::string(what) + " region [" + std::to_string(offset) +
-                     ", +" + std::to_string(bytes) + ") is misaligned or " +
-                     "outside the arena of " + std::to_string(plan.arenaBytes) +
-                     " bytes");
-    return Status();
-  };
-  int64_t flatBytes = plan.paramElements * int64_t(sizeof(float));
-  int64_t tokenBytes = plan.batchSize * plan.seqLen * int64_t(sizeof(int64_t));
-  for (Status s : {region("params", plan.paramsOffset, flatBytes, 4),
-                   region("grads", plan.gradsOffset, flatBytes, 4),
-                   region("adam m", plan.adamMOffset, flatBytes, 4),
-                   region("adam v", plan.adamVOffset, flatBytes, 4),
-                   region("tokens", plan.tokensOffset, tokenBytes, 8),
-                   region("targets", plan.targetsOffset, tokenBytes, 8)})
-    if (!s.ok())
-      return s;
+      plan.numStages < 0 || (plan.numParams > 0 && !plan.params) ||
+      (plan.numStages > 0 && !plan.stages))
+    return invalid("non-positive sizes or a missing table");
+  // Every size below is bounded by the arena before it is multiplied.
+  if (plan.paramElements > plan.arenaBytes / int64_t(sizeof(float)))
+    return invalid(str(plan.paramElements) +
+                   " parameter elements do not fit the arena of " +
+                   str(plan.arenaBytes) + " bytes");
+
+  // The stages tile the flat arrays in order, each splitting into dp equal
+  // shards (DESIGN.md section 3).
+  const int64_t dp = plan.dataParallel;
+  const int64_t quantum = dp * 32;
+  int64_t next = 0;
+  for (int32_t k = 0; k < plan.numStages; ++k) {
+    const StageInfo &s = plan.stages[k];
+    std::string what = "stage " + str(k) + " [" + str(s.offset) + ", +" +
+                       str(s.elements) + ")";
+    if (s.offset != next)
+      return invalid(what + " does not start where " +
+                     (k ? "stage " + str(k - 1) + " ends (" + str(next) + ")"
+                        : std::string("the parameters do (0)")));
+    if (s.elements < 0 || s.elements > plan.paramElements - next)
+      return invalid(what + " does not lie inside the " +
+                     str(plan.paramElements) + " parameter elements");
+    if (s.elements % quantum != 0)
+      return invalid(what + " is not a multiple of dp * 32 = " + str(quantum) +
+                     " elements");
+    if (s.elements / dp > INT_MAX)
+      return invalid(what + " has shards of " + str(s.elements / dp) +
+                     " elements, more than MPI's count limit");
+    next += s.elements;
+  }
+  if (next != plan.paramElements)
+    return invalid("the stages cover " + str(next) + " of the " +
+                   str(plan.paramElements) + " parameter elements");
+
+  // Regions: inside the arena, aligned, and apart from one another.
+  int64_t fullBytes = plan.paramElements * int64_t(sizeof(float));
+  int64_t shardBytes = fullBytes / dp;
+  int64_t tokenBytes = 0;
+  if (__builtin_mul_overflow(plan.batchSize, plan.seqLen, &tokenBytes) ||
+      __builtin_mul_overflow(tokenBytes, int64_t(sizeof(int64_t)),
+                             &tokenBytes))
+    tokenBytes = INT64_MAX; // fails the arena check below
+  const Extent extents[] = {
+      {"params", plan.paramsOffset, fullBytes},
+      {"grads", plan.gradsOffset, fullBytes},
+      {"master", plan.masterOffset, shardBytes},
+      {"adam m", plan.adamMOffset, shardBytes},
+      {"adam v", plan.adamVOffset, shardBytes},
+      {"grad shard", plan.gradShardOffset, shardBytes},
+      {"tokens", plan.tokensOffset, tokenBytes},
+      {"targets", plan.targetsOffset, tokenBytes},
+      {"activations", plan.activationsOffset, plan.activationsBytes}};
+  for (const Extent &e : extents) {
+    int64_t align = std::string_view(e.name) == "tokens" ||
+                            std::string_view(e.name) == "targets"
+                        ? 8
+                        : 4;
+    if (e.offset < 0 || e.bytes < 0 || e.offset % align != 0 ||
+        e.bytes > plan.arenaBytes || e.offset > plan.arenaBytes - e.bytes)
+      return invalid(std::string(e.name) + " region [" + str(e.offset) +
+                     ", +" + str(e.bytes) + ") is misaligned or outside the " +
+                     "arena of " + str(plan.arenaBytes) + " bytes");
+  }
+  for (const Extent &a : extents)
+    for (const Extent &b : extents)
+      if (&a < &b && a.bytes > 0 && b.bytes > 0 &&
+          a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes)
+        return invalid(std::string(a.name) + " region [" + str(a.offset) +
+                       ", +" + str(a.bytes) + ") overlaps " + b.name +
+                       " region [" + str(b.offset) + ", +" + str(b.bytes) +
+                       ")");
+
+  // Parameters: consistent, unique, each inside one stage, apart.
+  std::set<std::string_view> names;
+  std::vector<std::pair<int64_t, int32_t>> byOffset; // (offset, index)
   for (int32_t i = 0; i < plan.numParams; ++i) {
     const ParamInfo &p = plan.params[i];
+    std::string what = "parameter #" + str(i) +
+                       (p.name ? " '" + std::string(p.name) + "'" : "");
     bool ok = p.name && p.rank >= 0 && p.rank <= kMaxRank && p.numel >= 0;
     int64_t numel = 1;
     for (int32_t d = 0; ok && d < p.rank; ++d)
-      numel *= p.shape[d];
+      ok = p.shape[d] >= 0 && !__builtin_mul_overflow(numel, p.shape[d], &numel);
     if (!ok || numel != p.numel || p.offset < 0 ||
         p.offset > plan.paramElements - p.numel)
-      return invalid("parameter #" + std::to_string(i) +
-                     (p.name ? " '" + std::string(p.name) + "'" : "") +
-                     " has an inconsistent shape or lies outside the " +
-                     std::to_string(plan.paramElements) +
-                     " parameter elements");
+      return invalid(what + " has an inconsistent shape or lies outside the " +
+                     str(plan.paramElements) + " parameter elements");
+    if (!names.insert(p.name).second)
+      return invalid(what + " has the name of an earlier parameter");
+    if (p.numel == 0)
+      continue;
+    // The stage holding its first element must hold its last.
+    const StageInfo *end = plan.stages + plan.numStages;
+    const StageInfo *s = std::upper_bound(
+        plan.stages, end, p.offset,
+        [](int64_t x, const StageInfo &st) { return x < st.offset; });
+    --s; // stages tile [0, paramElements), so one starts at or before it
+    if (p.offset + p.numel > s->offset + s->elements)
+      return invalid(what + " [" + str(p.offset) + ", +" + str(p.numel) +
+                     ") crosses the end of stage " + str(s - plan.stages) +
+                     " at " + str(s->offset + s->elements));
+    byOffset.push_back({p.offset, i});
+  }
+  std::sort(byOffset.begin(), byOffset.end());
+  for (size_t k = 1; k < byOffset.size(); ++k) {
+    const ParamInfo &a = plan.params[byOffset[k - 1].second];
+    const ParamInfo &b = plan.params[byOffset[k].second];
+    if (a.offset + a.numel > b.offset)
+      return invalid("parameters '" + std::string(a.name) + "' and '" +
+                     b.name + "' overlap");
   }
   return Status();
 }
@@ -69,4 +177,14 @@ ParamCounts fastllm::rt::countParams(const PlanInfo &plan) {
       counts.trainable += plan.params[i].numel;
   }
   return counts;
+}
+
+ShardSlice fastllm::rt::shardSlice(const PlanInfo &plan, int32_t stage,
+                                   int64_t rank) {
+  const StageInfo &s = plan.stages[stage];
+  ShardSlice slice;
+  slice.elements = s.elements / plan.dataParallel;
+  slice.fullOffset = s.offset + rank * slice.elements;
+  slice.shardOffset = s.offset / plan.dataParallel;
+  return slice;
 }

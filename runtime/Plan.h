@@ -16,9 +16,18 @@
 
 namespace fastllm::rt {
 
-/// Checks the ABI version, the target and that every region and parameter
-/// lies inside the arena, so a mismatched binary fails with a message rather
-/// than scribbling over memory.
+/// Checks everything the runtime relies on, so that a mismatched or corrupt
+/// binary fails with a message rather than scribbling over memory:
+///  - the ABI version, the target, positive sizes and non-null names;
+///  - dataParallel >= 1 and zeroStage 1 (2 and 3 are refused as not
+///    supported by this runtime yet);
+///  - the stages tile [0, paramElements) in order, each a multiple of
+///    dataParallel * 32 elements with shards MPI can count;
+///  - every region (params, grads, the four shards, tokens, targets,
+///    activations) lies inside the arena, aligned, and the runtime's regions
+///    do not overlap one another or the activations;
+///  - every parameter has a consistent shape, a unique name, lies inside one
+///    stage and overlaps no other parameter.
 Status validatePlan(const PlanInfo &plan);
 
 /// Parameter elements (without the flat arrays' padding), for reports.
@@ -26,6 +35,19 @@ struct ParamCounts {
   int64_t total = 0, trainable = 0;
 };
 ParamCounts countParams(const PlanInfo &plan);
+
+/// Rank `rank`'s shard of stage `stage` of a valid plan: full-array elements
+/// [fullOffset, fullOffset + elements) are stored at shard-array elements
+/// [shardOffset, shardOffset + elements).
+struct ShardSlice {
+  int64_t fullOffset = 0, shardOffset = 0, elements = 0;
+};
+ShardSlice shardSlice(const PlanInfo &plan, int32_t stage, int64_t rank);
+
+/// Elements of each shard array: paramElements / dataParallel.
+inline int64_t shardElements(const PlanInfo &plan) {
+  return plan.paramElements / plan.dataParallel;
+}
 
 } // namespace fastllm::rt
 

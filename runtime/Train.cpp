@@ -130,23 +130,112 @@ std::string planSummary(const PlanInfo &plan, const Options &opts) {
   ParamCounts counts = countParams(plan);
   char buf[512];
   std::snprintf(buf, sizeof(buf),
-                "plan: %s | %lld params (%lld trainable) | arena %.1f MiB | "
-                "batch %lld x seq %lld x accum %lld | %lld steps",
+                "plan: %s | %lld params (%lld trainable) | dp %d, ZeRO-%d, "
+                "%d stage%s | arena %.1f MiB | batch %lld x seq %lld x accum "
+                "%lld | %lld steps",
                 plan.target, (long long)counts.total,
-                (long long)counts.trainable, plan.arenaBytes / 1048576.0,
-                (long long)plan.batchSize, (long long)plan.seqLen,
-                (long long)opts.gradAccum, (long long)opts.steps);
+                (long long)counts.trainable, plan.dataParallel, plan.zeroStage,
+                plan.numStages, plan.numStages == 1 ? "" : "s",
+                plan.arenaBytes / 1048576.0, (long long)plan.batchSize,
+                (long long)plan.seqLen, (long long)opts.gradAccum,
+                (long long)opts.steps);
   return buf;
 }
+
+/// ZeRO-1's moves between the full arrays the step uses (params, grads) and
+/// this rank's shards (DESIGN.md section 3): stage k's shard of rank r is
+/// full[offset_k + r * e_k / dp, + e_k / dp) <-> shard[offset_k / dp, +
+/// e_k / dp). With dp = 1 the shard is the whole array and the moves are
+/// local copies that communicate (and count) nothing.
+class Zero1 {
+public:
+  Zero1(const PlanInfo &plan, Communicator &comm, char *arena)
+      : plan(plan), comm(comm), dp(plan.dataParallel), rank(comm.rank()),
+        params(reinterpret_cast<float *>(arena + plan.paramsOffset)),
+        grads(reinterpret_cast<float *>(arena + plan.gradsOffset)),
+        master(reinterpret_cast<float *>(arena + plan.masterOffset)),
+        gradShard(reinterpret_cast<float *>(arena + plan.gradShardOffset)) {}
+
+  /// master = this rank's shard of params (the initial weights).
+  void shardParams() {
+    for (int32_t k = 0; k < plan.numStages; ++k) {
+      ShardSlice s = shardSlice(plan, k, rank);
+      std::memcpy(master + s.shardOffset, params + s.fullOffset,
+                  s.elements * sizeof(float));
+    }
+  }
+
+  /// gradShard = this rank's shard of the sum over ranks of grads, times
+  /// `scale`. Every stage's reduce-scatter is in flight at once.
+  void reduceScatterGrads(float scale) {
+    if (dp == 1) {
+      scaleInto(gradShard, grads, plan.paramElements, scale);
+      return;
+    }
+    std::vector<Request> pending;
+    for (int32_t k = 0; k < plan.numStages; ++k) {
+      ShardSlice s = shardSlice(plan, k, 0);
+      pending.push_back(s.elements ? comm.ireduceScatterSum(
+                                         grads + plan.stages[k].offset,
+                                         gradShard + s.shardOffset, s.elements)
+                                   : Request());
+    }
+    for (int32_t k = 0; k < plan.numStages; ++k) {
+      pending[k].wait();
+      ShardSlice s = shardSlice(plan, k, 0);
+      scaleInto(gradShard + s.shardOffset, gradShard + s.shardOffset,
+                s.elements, scale);
+    }
+  }
+
+  /// params = every rank's master shard.
+  void gatherParams() { gather(master, params); }
+  /// grads = every rank's gradShard (the reduced gradients, for a dump).
+  void gatherGrads() { gather(gradShard, grads); }
+
+private:
+  /// out[i] = in[i] * scale (a copy when scale is 1).
+  static void scaleInto(float *out, const float *in, int64_t n, float scale) {
+    if (scale == 1.0f) {
+      if (out != in)
+        std::memcpy(out, in, n * sizeof(float));
+      return;
+    }
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = in[i] * scale;
+  }
+
+  void gather(const float *shard, float *full) {
+    if (dp == 1) {
+      std::memcpy(full, shard, plan.paramElements * sizeof(float));
+      return;
+    }
+    std::vector<Request> pending;
+    for (int32_t k = 0; k < plan.numStages; ++k) {
+      ShardSlice s = shardSlice(plan, k, 0);
+      if (s.elements)
+        pending.push_back(comm.iallGather(shard + s.shardOffset,
+                                          full + plan.stages[k].offset,
+                                          s.elements));
+    }
+    for (Request &r : pending)
+      r.wait();
+  }
+
+  const PlanInfo &plan;
+  Communicator &comm;
+  const int64_t dp, rank;
+  float *params, *grads, *master, *gradShard;
+};
 
 } // namespace
 
 Status fastllm::rt::checkWorldSize(const PlanInfo &plan, int worldSize) {
-  int64_t dp = plan.dataParallel > 0 ? plan.dataParallel : 1;
-  if (dp != worldSize)
-    return errorf("this binary was compiled for --dp %lld but runs on %d "
+  if (plan.dataParallel != worldSize)
+    return errorf("this binary was compiled for --dp %d but runs on %d "
                   "rank%s",
-                  (long long)dp, worldSize, worldSize == 1 ? "" : "s");
+                  plan.dataParallel, worldSize, worldSize == 1 ? "" : "s");
   return Status();
 }
 
@@ -173,17 +262,26 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   if (!arena)
     return errorf("cannot allocate the model's %lld-byte arena",
                   (long long)plan.arenaBytes);
+  // Padding (between parameters and at the ends of stages) starts zero and
+  // stays zero: no optimizer chunk covers it, so the master shards keep the
+  // zeros they are copied with and the all-gathers bring them back.
   std::memset(arena.get(), 0, arenaBytes);
-  auto *params = reinterpret_cast<float *>(arena.get() + plan.paramsOffset);
-  auto *grads = reinterpret_cast<float *>(arena.get() + plan.gradsOffset);
-  auto *adamM = reinterpret_cast<float *>(arena.get() + plan.adamMOffset);
-  auto *adamV = reinterpret_cast<float *>(arena.get() + plan.adamVOffset);
+  auto region = [&](int64_t offset) {
+    return reinterpret_cast<float *>(arena.get() + offset);
+  };
+  float *params = region(plan.paramsOffset), *grads = region(plan.gradsOffset);
+  float *master = region(plan.masterOffset), *adamM = region(plan.adamMOffset),
+        *adamV = region(plan.adamVOffset),
+        *gradShard = region(plan.gradShardOffset);
   auto *tokens = reinterpret_cast<int64_t *>(arena.get() + plan.tokensOffset);
   auto *targets = reinterpret_cast<int64_t *>(arena.get() + plan.targetsOffset);
+  Zero1 zero(plan, comm, arena.get());
   // A resumed run takes its weights from the checkpoint instead.
-  if (!opts.resume)
+  if (!opts.resume) {
     if (Status s = loadParams(opts.weightsPath, plan, params); !s.ok())
       return Status::error("weights: " + s.message());
+    zero.shardParams();
+  }
 
   for (Status s : {checkOutputPath("metrics", opts.metricsPath),
                    checkOutputPath("dump-grads", opts.dumpGradsPath),
@@ -195,15 +293,16 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
         !s.ok())
       return s;
 
-  // What a checkpoint holds: with this (unsharded) ABI every rank owns the
-  // whole arrays; ZeRO shards will be regions of their own.
-  const int64_t flatBytes = plan.paramElements * int64_t(sizeof(float));
-  const std::vector<Region> state = {{"params", params, flatBytes},
-                                     {"adam_m", adamM, flatBytes},
-                                     {"adam_v", adamV, flatBytes}};
+  // What a checkpoint holds: this rank's shards of the optimizer state. The
+  // full params are the all-gathered master shards; grads are zeroed every
+  // step.
+  const int64_t shardBytes = shardElements(plan) * int64_t(sizeof(float));
+  const std::vector<Region> state = {{"master", master, shardBytes},
+                                     {"adam_m", adamM, shardBytes},
+                                     {"adam_v", adamV, shardBytes}};
   if (log)
     std::fprintf(log, "%s\n", planSummary(plan, opts).c_str());
-  const Fingerprint planPrint = planFingerprint(plan, dp);
+  const Fingerprint planPrint = planFingerprint(plan);
   const Fingerprint runPrint = runFingerprint(opts, data->size());
   int64_t firstStep = 0, optimizerStep = 0;
   if (opts.resume) {
@@ -231,6 +330,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                    restored->path.c_str(), (long long)m.step);
     firstStep = m.step;
     optimizerStep = m.optimizerStep;
+    zero.gatherParams();
   }
 
   std::optional<MetricsFile> metrics;
@@ -247,13 +347,20 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
 
   Sampler sampler(opts.sampler, opts.seed, data->size(), plan.seqLen,
                   plan.batchSize, opts.gradAccum, dp);
-  AdamW adamw(plan, opts.adamw);
+  AdamW adamw(plan, opts.adamw, rank);
   LrSchedule schedule{opts.lrSchedule, opts.lr, opts.warmupSteps, opts.steps};
   const double tokensPerStep = double(sampler.globalBatch()) * plan.seqLen;
-  const float gradScale = 1.0f / float(opts.gradAccum);
+  // The loss is the mean over the global batch: every micro-batch's gradient
+  // is a mean over its tokens, summed over gradAccum micro-batches and dp
+  // ranks.
+  const float gradScale = 1.0f / float(opts.gradAccum * dp);
 
   using Clock = std::chrono::steady_clock;
   double totalSeconds = 0;
+  // The bytes moved per step, for the summary: the first step's, and
+  // whether a later one differed.
+  std::optional<StepRecord> commFirst;
+  bool commVaries = false;
   for (int64_t s = firstStep; s < opts.steps; ++s) {
     Clock::time_point start = Clock::now();
     comm.setStep(s + 1);
@@ -278,21 +385,28 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       return errorf("loss is %s at step %lld (pass --allow-nonfinite to keep "
                     "training)",
                     std::isnan(loss) ? "NaN" : "infinite", (long long)(s + 1));
-    if (opts.gradAccum > 1) {
-#pragma omp parallel for
-      for (int64_t i = 0; i < plan.paramElements; ++i)
-        grads[i] *= gradScale;
+    zero.reduceScatterGrads(gradScale);
+    // The dump's gather is a diagnostic, not part of the step's traffic.
+    int64_t dumpGatherBytes = 0;
+    if (s == 0 && !opts.dumpGradsPath.empty()) {
+      int64_t before = comm.bytes().allGather;
+      zero.gatherGrads();
+      dumpGatherBytes = comm.bytes().allGather - before;
+      if (leader)
+        if (Status st = saveParams(opts.dumpGradsPath, plan, grads,
+                                   /*trainableOnly=*/true);
+            !st.ok())
+          return st;
     }
-    if (s == 0 && leader && !opts.dumpGradsPath.empty())
-      if (Status st = saveParams(opts.dumpGradsPath, plan, grads,
-                                 /*trainableOnly=*/true);
-          !st.ok())
-        return st;
-    double gradNorm = adamw.gradNorm(grads);
+    double sumOfSquares = adamw.sumOfSquares(gradShard);
+    if (dp > 1)
+      comm.allReduceSumOrdered(&sumOfSquares, &sumOfSquares, 1);
+    double gradNorm = std::sqrt(sumOfSquares);
     if (opts.clipGradNorm > 0)
-      adamw.clipGradients(grads, gradNorm, opts.clipGradNorm);
+      adamw.clipGradients(gradShard, gradNorm, opts.clipGradNorm);
     double lr = schedule.at(s);
-    adamw.step(params, grads, adamM, adamV, lr, ++optimizerStep);
+    adamw.step(master, gradShard, adamM, adamV, lr, ++optimizerStep);
+    zero.gatherParams();
 
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
@@ -305,6 +419,15 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     record.tokensPerSecond = tokensPerStep / seconds;
     record.stepMs = seconds * 1e3;
     record.memBytes = plan.arenaBytes;
+    record.reduceScatterBytes = comm.bytes().reduceScatter;
+    record.allGatherBytes = comm.bytes().allGather - dumpGatherBytes;
+    record.allReduceBytes = comm.bytes().allReduce;
+    if (!commFirst)
+      commFirst = record;
+    commVaries = commVaries ||
+                 record.reduceScatterBytes != commFirst->reduceScatterBytes ||
+                 record.allGatherBytes != commFirst->allGatherBytes ||
+                 record.allReduceBytes != commFirst->allReduceBytes;
     if (metrics)
       if (Status st = metrics->append(record); !st.ok())
         return st;
@@ -329,7 +452,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
         std::fprintf(
             log, "checkpoint: %s/%s (%.1f MiB per rank) in %.1f s\n",
             opts.checkpointDir.c_str(), stepFolderName(s + 1).c_str(),
-            3.0 * flatBytes / 1048576.0,
+            3.0 * shardBytes / 1048576.0,
             std::chrono::duration<double>(Clock::now() - saveStart).count());
     }
   }
@@ -347,5 +470,18 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     std::fprintf(log, "done: %lld steps in %s, %.0f tok/s\n", (long long)ran,
                  formatDuration(totalSeconds).c_str(),
                  tokensPerStep * double(ran) / totalSeconds);
+  if (log && commFirst) {
+    // ZeRO-1 moves every stage's full padded gradients through one
+    // reduce-scatter and its weights through one all-gather per step.
+    long long predicted = dp > 1 ? (long long)plan.paramElements * 4 : 0;
+    std::fprintf(log,
+                 "communication per step%s: reduce-scatter %lld bytes (ZeRO-1 "
+                 "plan %lld), all-gather %lld bytes (plan %lld), all-reduce "
+                 "%lld bytes (the gradient norm)\n",
+                 commVaries ? " (first step; later steps differ)" : "",
+                 (long long)commFirst->reduceScatterBytes, predicted,
+                 (long long)commFirst->allGatherBytes, predicted,
+                 (long long)commFirst->allReduceBytes);
+  }
   return Status();
 }

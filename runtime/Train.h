@@ -1,9 +1,12 @@
 //===- Train.h - the training loop ------------------------------*- C++ -*-===//
 //
 // Drives the generated step function: data into the arena, forward and
-// backward per micro-batch, then averaging, clipping and AdamW on the arena's
-// flat parameter arrays. The step function is a parameter so that tests can
-// train a fake model with known gradients.
+// backward per micro-batch, then ZeRO-1 (DESIGN.md section 3): every stage's
+// gradients are reduce-scattered into this rank's shard and averaged, the
+// global norm is summed over ranks, and clipping and AdamW update the rank's
+// shard of the fp32 master weights, which are all-gathered into the full
+// params the next step reads. The step function is a parameter so that tests
+// can train a fake model with known gradients.
 //
 //===----------------------------------------------------------------------===//
 
@@ -33,8 +36,11 @@ Status checkWorldSize(const PlanInfo &plan, int worldSize);
 /// or the first step runs. Rank 0 writes the metrics and its human progress
 /// lines go to `log` unless it is null; warnings go to stderr.
 ///
-/// Resume is bit-exact: a checkpoint holds the parameters, AdamW's m, v and
-/// step count, and the step; everything else a step depends on is a function
+/// Each step's metrics line carries the bytes its collectives moved (see
+/// StepRecord); rank 0's log ends with them next to ZeRO-1's prediction.
+///
+/// Resume is bit-exact: a checkpoint holds each rank's shards of the master
+/// weights and of AdamW's m and v, AdamW's step count, and the step; everything else a step depends on is a function
 /// of the options and the step number (the samplers hash (seed, step,
 /// sample), the schedule reads the step, the gradients are zeroed every
 /// step). The metrics file keeps its lines up to the checkpoint's step and

@@ -4,16 +4,17 @@
 // fastllm_step) and before libfastllm_rt. The only place that prints an error
 // and picks the exit code.
 //
-// Errors every rank meets alike (flags, the rank count) are printed once, by
-// rank 0, and every rank exits 1. An error in training may be one rank's
-// alone while its peers wait in a collective, so with several ranks it
-// aborts the whole job, naming the rank.
+// Errors every rank meets alike (the plan, flags, the rank count) are printed
+// once, by rank 0, and every rank exits 1. An error in training may be one
+// rank's alone while its peers wait in a collective, so with several ranks
+// it aborts the whole job, naming the rank.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/Comm.h"
 #include "runtime/Flags.h"
 #include "runtime/ModelABI.h"
+#include "runtime/Plan.h"
 #include "runtime/Train.h"
 
 #include <cstdio>
@@ -29,13 +30,16 @@ int main(int argc, char **argv) {
   }
   const bool leader = (*comm)->rank() == 0;
   const PlanInfo &plan = *fastllm_plan();
-  Expected<Options> opts = parseFlags(argc, argv, plan);
+  // A plan the runtime cannot trust is not read further, not even for --help.
+  Status s = validatePlan(plan);
+  Expected<Options> opts =
+      s.ok() ? parseFlags(argc, argv, plan) : Expected<Options>(s);
   if (opts && opts->help) {
     if (leader)
       std::fputs(helpText(plan).c_str(), stdout);
     return 0;
   }
-  Status s = opts ? checkWorldSize(plan, (*comm)->size()) : opts.status();
+  s = opts ? checkWorldSize(plan, (*comm)->size()) : opts.status();
   if (!s.ok()) {
     if (leader)
       std::fprintf(stderr, "train: error: %s\n", s.message().c_str());

@@ -54,6 +54,33 @@ static bool writeFile(StringRef path, StringRef text) {
   return true;
 }
 
+/// What each rank holds and moves, from the plan (DESIGN.md section 5).
+struct Report {
+  int64_t weights, grads, master, optimizer, gradShard, inputs, activations,
+      total;
+  int64_t reduceScatter, allGather; ///< bytes per step, full buffer counted
+  int64_t allReduce; ///< the global gradient norm (one double)
+};
+
+static Report makeReport(const fastllm::MemoryPlan &plan) {
+  int64_t full = plan.paramElements * 4;
+  int64_t shard = plan.paramElements / plan.dataParallel * 4;
+  bool dp = plan.dataParallel > 1;
+  // ZeRO-1: one reduce-scatter of every stage's gradients and one
+  // all-gather of the updated weights per step.
+  return {full,
+          full,
+          shard,
+          2 * shard,
+          shard,
+          plan.activationsOffset - plan.tokensOffset,
+          plan.activationsBytes,
+          plan.arenaBytes,
+          dp ? full : 0,
+          dp ? full : 0,
+          dp ? 8 : 0};
+}
+
 static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
                             int64_t batch, int64_t seq) {
   json::Array params;
@@ -61,35 +88,52 @@ static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
     json::Array shape;
     for (int64_t d : p.getTensorType().getShape())
       shape.push_back(d);
+    auto stage = p->getAttrOfType<IntegerAttr>("model.stage");
     params.push_back(json::Object{
         {"name", p.getSymName()},
         {"shape", std::move(shape)},
         {"offset", p->getAttrOfType<IntegerAttr>(fastllm::kParamOffsetAttr).getInt()},
+        {"stage", stage ? stage.getInt() : 0},
         {"trainable", !p.getFrozen()}});
   }
-  int64_t paramBytes = plan.paramElements * 4;
+  json::Array stages;
+  for (auto [offset, elements] : llvm::zip(plan.stageOffsets, plan.stageElements))
+    stages.push_back(json::Object{{"offset", offset}, {"elements", elements}});
+  Report r = makeReport(plan);
   json::Object root{
       {"target", "cpu"},
-      {"dp", 1},
+      {"dp", plan.dataParallel},
+      {"zero_stage", plan.zeroStage},
       {"batch_size", batch},
       {"seq_len", seq},
+      {"stages", std::move(stages)},
       {"params", std::move(params)},
+      {"memory_per_rank",
+       json::Object{{"weight_buffers_bytes", r.weights},
+                    {"gradient_buffers_bytes", r.grads},
+                    {"master_weights_shard_bytes", r.master},
+                    {"optimizer_shard_bytes", r.optimizer},
+                    {"gradient_shard_bytes", r.gradShard},
+                    {"inputs_bytes", r.inputs},
+                    {"activations_bytes", plan.activationsBytes},
+                    {"activations_unshared_bytes", plan.activationsUnsharedBytes},
+                    {"total_bytes", r.total}}},
       {"memory",
        json::Object{{"arena_bytes", plan.arenaBytes},
                     {"param_elements", plan.paramElements},
-                    {"master_weights_bytes", paramBytes},
-                    {"gradients_bytes", paramBytes},
-                    {"optimizer_bytes", 2 * paramBytes},
-                    {"activations_bytes", plan.activationsBytes},
-                    {"activations_unshared_bytes", plan.activationsUnsharedBytes},
                     {"params_offset", plan.paramsOffset},
                     {"grads_offset", plan.gradsOffset},
+                    {"master_offset", plan.masterOffset},
                     {"adam_m_offset", plan.adamMOffset},
                     {"adam_v_offset", plan.adamVOffset},
+                    {"grad_shard_offset", plan.gradShardOffset},
                     {"tokens_offset", plan.tokensOffset},
                     {"targets_offset", plan.targetsOffset},
                     {"activations_offset", plan.activationsOffset}}},
-      {"communication_bytes_per_step", json::Object{}}};
+      {"communication_bytes_per_step",
+       json::Object{{"reduce_scatter", r.reduceScatter},
+                    {"all_gather", r.allGather},
+                    {"all_reduce", r.allReduce}}}};
   std::string text;
   raw_string_ostream os(text);
   os << formatv("{0:2}", json::Value(std::move(root))) << "\n";
@@ -98,17 +142,21 @@ static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
 
 static void printReport(const fastllm::MemoryPlan &plan, raw_ostream &os) {
   auto mib = [](int64_t bytes) { return format("%10.2f MiB", bytes / 1048576.0); };
-  int64_t paramBytes = plan.paramElements * 4;
-  os << "memory plan per rank (dp = 1)\n"
-     << "  master weights (fp32)   " << mib(paramBytes) << "\n"
-     << "  gradients (fp32)        " << mib(paramBytes) << "\n"
-     << "  optimizer (AdamW m, v)  " << mib(2 * paramBytes) << "\n"
-     << "  tokens + targets        "
-     << mib(plan.activationsOffset - plan.tokensOffset) << "\n"
-     << "  activations (peak)      " << mib(plan.activationsBytes)
-     << "   (" << mib(plan.activationsUnsharedBytes) << " if nothing were shared)\n"
-     << "  total arena             " << mib(plan.arenaBytes) << "\n"
-     << "communication per step: none (dp = 1)\n";
+  Report r = makeReport(plan);
+  os << "memory plan per rank (dp = " << plan.dataParallel << ", ZeRO-"
+     << plan.zeroStage << ", " << plan.stageOffsets.size() << " stages)\n"
+     << "  weight buffers (fp32)         " << mib(r.weights) << "\n"
+     << "  gradient buffers (fp32)       " << mib(r.grads) << "\n"
+     << "  master weights shard (fp32)   " << mib(r.master) << "\n"
+     << "  optimizer shard (AdamW m, v)  " << mib(r.optimizer) << "\n"
+     << "  gradient shard (fp32)         " << mib(r.gradShard) << "\n"
+     << "  tokens + targets              " << mib(r.inputs) << "\n"
+     << "  activations (peak)            " << mib(r.activations) << "   ("
+     << mib(plan.activationsUnsharedBytes) << " if nothing were shared)\n"
+     << "  total arena                   " << mib(r.total) << "\n"
+     << "communication per step and rank: reduce-scatter " << r.reduceScatter
+     << " B, all-gather " << r.allGather << " B, all-reduce " << r.allReduce
+     << " B\n";
 }
 
 /// Compiles and links the training binary; the compiler's output goes to
@@ -169,8 +217,19 @@ int fastllm::compileMain(int argc, char **argv) {
       cl::value_desc("NAME=V"), cl::cat(category));
   cl::opt<std::string> target("target", cl::desc("cpu (cuda: not yet)"),
                               cl::init("cpu"), cl::cat(category));
-  cl::opt<int64_t> dp("dp", cl::desc("Data-parallel ranks (only 1 so far)"),
+  cl::opt<int64_t> dp("dp", cl::desc("Data-parallel ranks (mpirun -np N)"),
                       cl::init(1), cl::cat(category));
+  cl::opt<int64_t> zeroStage("zero-stage",
+                             cl::desc("ZeRO stage: 1 (2 and 3 not yet)"),
+                             cl::init(1), cl::cat(category));
+  cl::opt<double> layersPerStage(
+      "layers-per-stage",
+      cl::desc("Layers per stage (the unit of sharding); fractions allowed"),
+      cl::init(1.0), cl::cat(category));
+  cl::opt<int64_t> stagesPerPipelineStage(
+      "stages-per-pipeline-stage",
+      cl::desc("Pipeline parallelism: only 1 (none) is supported"),
+      cl::init(1), cl::cat(category));
   cl::opt<std::string> freeze(
       "freeze",
       cl::desc("Regex: parameters whose name it matches are not trained"),
@@ -195,9 +254,27 @@ int fastllm::compileMain(int argc, char **argv) {
                    << " is not supported yet (supported: cpu)\n";
     return 1;
   }
-  if (dp != 1) {
-    compileError() << "--dp " << dp
-                   << ": data parallelism is not implemented yet (use --dp 1)\n";
+  if (dp < 1) {
+    compileError() << "--dp must be at least 1, got " << dp << "\n";
+    return 1;
+  }
+  if (zeroStage < 1 || zeroStage > 3) {
+    compileError() << "--zero-stage must be 1, 2 or 3, got " << zeroStage << "\n";
+    return 1;
+  }
+  if (zeroStage != 1) {
+    compileError() << "--zero-stage " << zeroStage
+                   << " is not implemented yet (supported: 1)\n";
+    return 1;
+  }
+  if (!(layersPerStage > 0)) {
+    compileError() << "--layers-per-stage must be positive, got "
+                   << layersPerStage << "\n";
+    return 1;
+  }
+  if (stagesPerPipelineStage != 1) {
+    compileError() << "--stages-per-pipeline-stage " << stagesPerPipelineStage
+                   << ": pipeline parallelism is not supported; use 1\n";
     return 1;
   }
   if (emit != "mlir" && emit != "source" && emit != "binary") {
@@ -255,6 +332,9 @@ int fastllm::compileMain(int argc, char **argv) {
   PassManager pm(&context);
   fastllm::TrainingPipelineOptions pipeline;
   pipeline.freeze = freeze.getValue();
+  pipeline.layersPerStage = layersPerStage.getValue();
+  pipeline.dp = dp.getValue();
+  pipeline.zeroStage = zeroStage.getValue();
   fastllm::buildCpuTrainingPipeline(pm, pipeline);
   if (failed(pm.run(*module)))
     return 1;

@@ -146,7 +146,7 @@ TEST(Fingerprint, NamesTheFirstDifference) {
 TEST(Fingerprint, CoversThePlansIdentifyingFields) {
   fake::setShape(2, 3);
   PlanInfo plan = *fastllm_plan();
-  Fingerprint f = planFingerprint(plan, 1);
+  Fingerprint f = planFingerprint(plan);
   auto value = [&](const std::string &key) {
     for (const auto &[k, v] : f)
       if (k == key)
@@ -158,18 +158,34 @@ TEST(Fingerprint, CoversThePlansIdentifyingFields) {
   EXPECT_EQ(value("seq_len"), "3");
   EXPECT_EQ(value("vocab_size"), "16");
   EXPECT_EQ(value("dp"), "1");
-  EXPECT_EQ(value("param_elements"), "132");
+  EXPECT_EQ(value("zero_stage"), "1");
+  EXPECT_EQ(value("param_elements"), "160");
+  EXPECT_EQ(value("num_stages"), "2");
+  EXPECT_EQ(value("stages[0].offset"), "0");
+  EXPECT_EQ(value("stages[0].elements"), "96");
+  EXPECT_EQ(value("stages[1].offset"), "96");
+  EXPECT_EQ(value("stages[1].elements"), "64");
   EXPECT_EQ(value("params[0].name"), "embed");
   EXPECT_EQ(value("params[0].shape"), "[16, 4]");
-  EXPECT_EQ(value("params[1].offset"), "64");
+  EXPECT_EQ(value("params[0].offset"), "4");
+  EXPECT_EQ(value("params[1].offset"), "0");
   EXPECT_EQ(value("params[2].trainable"), "false");
   ParamInfo params[3] = {plan.params[0], plan.params[1], plan.params[2]};
   params[1].shape[0] = 8;
-  plan.params = params;
-  EXPECT_EQ(*firstDifference(f, planFingerprint(plan, 1)),
+  PlanInfo changed = plan;
+  changed.params = params;
+  EXPECT_EQ(*firstDifference(f, planFingerprint(changed)),
             "params[1].shape is [4] in the checkpoint but [8] now");
-  EXPECT_EQ(*firstDifference(f, planFingerprint(*fastllm_plan(), 2)),
+  // The same stages split among more ranks hold other shards.
+  changed = plan;
+  changed.dataParallel = 2;
+  EXPECT_EQ(*firstDifference(f, planFingerprint(changed)),
             "dp is 1 in the checkpoint but 2 now");
+  StageInfo stages[2] = {{0, 64}, {64, 96}};
+  changed = plan;
+  changed.stages = stages;
+  EXPECT_EQ(*firstDifference(f, planFingerprint(changed)),
+            "stages[0].elements is 96 in the checkpoint but 64 now");
 }
 
 /// Two regions of a rank's state, filled from a seed so that every

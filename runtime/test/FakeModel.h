@@ -10,6 +10,17 @@
 // and code [V, D] (frozen). Its gradient is the mean residual, so tests can
 // check the runtime's data, accumulation and optimizer against closed forms.
 //
+// The plan is ZeRO-1 over dp ranks with two stages, each padded to a
+// multiple of dp * 32 elements:
+//
+//   stage 0: bias [0, 4), embed [4, 68), padding   (96 elements at dp = 1,
+//            128 at dp = 2 and 4, where embed crosses shard boundaries)
+//   stage 1: code, padding                         (64, 64, 128 elements)
+//
+// The table lists embed, bias, code: not in offset order. The step checks
+// that every padding element of params is zero (takePaddingViolations) and
+// writes NaN into the padding of grads, which the runtime must ignore.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef FASTLLM_RUNTIME_TEST_FAKEMODEL_H
@@ -22,13 +33,23 @@
 namespace fake {
 
 constexpr int64_t kVocab = 16, kDim = 4;
-/// Element offsets of the parameters in the flat arrays.
-constexpr int64_t kEmbedOffset = 0, kBiasOffset = kVocab * kDim,
-                  kCodeOffset = kBiasOffset + kDim,
-                  kParamElements = kCodeOffset + kVocab * kDim;
 
-/// Lays out fastllm_plan() for micro-batches of `batch` x `seq` tokens.
-void setShape(int64_t batch, int64_t seq);
+/// Element offsets of the parameters in the flat arrays for dp ranks.
+struct Layout {
+  int64_t bias, embed, code, stage1, paramElements;
+};
+Layout layout(int64_t dp);
+
+/// The dp = 1 layout, which setShape(batch, seq) lays out.
+constexpr int64_t kBiasOffset = 0, kEmbedOffset = kDim, kCodeOffset = 96,
+                  kParamElements = 160;
+
+/// Lays out fastllm_plan() for micro-batches of `batch` x `seq` tokens per
+/// rank and `dp` ranks.
+void setShape(int64_t batch, int64_t seq, int64_t dp = 1);
+
+/// Steps since the last call that found a nonzero padding element in params.
+int64_t takePaddingViolations();
 
 } // namespace fake
 

@@ -4,6 +4,11 @@
 //
 //   collectives  every collective, blocking and not, against sums computed
 //                here, and the bytes each kind counts
+//   zero         ZeRO-1 through train(): the fake model trained on N ranks
+//                matches a 1-rank run of the same global batch (losses,
+//                norms, gradients, weights within 1e-5), frozen weights and
+//                padding stay put, and each step moves the bytes the plan
+//                predicts
 //   resume       sharded checkpoints through train(): a run resumed after one
 //                rank's newest shard was damaged repeats the uninterrupted run
 //   timeout      rank 0 enters an all-reduce the others skip: it must abort
@@ -24,6 +29,8 @@
 #include "runtime/Safetensors.h"
 #include "runtime/Train.h"
 
+#include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +54,15 @@ Communicator *world;
     if (!(cond))                                                               \
       world->abort(std::string("check failed at line ") +                      \
                    std::to_string(__LINE__) + ": " #cond);                     \
+  } while (0)
+
+/// A failed Status aborts the job with its message.
+#define CHECK_OK(status)                                                       \
+  do {                                                                         \
+    Status s_ = (status);                                                      \
+    if (!s_.ok())                                                              \
+      world->abort(std::string("at line ") + std::to_string(__LINE__) + ": " + \
+                   s_.message());                                              \
   } while (0)
 
 /// Exact in fp32: every value and sum here stays below 2^24.
@@ -120,6 +136,31 @@ void testCollectives(Communicator &comm) {
     CHECK(ids[q] == 1000 + q);
   comm.barrier();
   CHECK(comm.bytes().broadcast == 16 && comm.bytes().control == p * 8);
+
+  // The ordered double all-reduce: the same bits on every rank, in place.
+  comm.resetBytes();
+  std::vector<double> mineD(5), sumD(5);
+  for (int i = 0; i < 5; ++i)
+    mineD[i] = 0.1 * (r + 1) + 1e-9 * i;
+  comm.allReduceSumOrdered(mineD.data(), sumD.data(), 5);
+  for (int i = 0; i < 5; ++i) {
+    double expected = 0;
+    for (int q = 0; q < p; ++q)
+      expected += 0.1 * (q + 1) + 1e-9 * i;
+    CHECK(sumD[i] == expected);
+  }
+  comm.allReduceSumOrdered(mineD.data(), mineD.data(), 5);
+  CHECK(mineD == sumD);
+  CHECK(comm.bytes().allReduce == 2 * 5 * 8);
+
+  // A 1-rank world beside the job's.
+  {
+    Expected<std::unique_ptr<Communicator>> self = Communicator::createSelf();
+    CHECK(self.ok() && (*self)->size() == 1 && (*self)->rank() == 0);
+    float x = float(r);
+    (*self)->allReduceSum(&x, &x, 1);
+    CHECK(x == float(r));
+  }
   comm.resetBytes();
   CHECK(comm.bytes().allReduce == 0 && comm.bytes().reduceScatter == 0 &&
         comm.bytes().allGather == 0 && comm.bytes().broadcast == 0 &&
@@ -147,9 +188,8 @@ std::vector<std::string> losses(const std::string &path) {
 /// Sharded checkpoints through the real training loop: every rank trains the
 /// fake model on its own samples, so the ranks' shards differ.
 void testResume(Communicator &comm) {
-  fake::setShape(2, 3);
+  fake::setShape(2, 3, comm.size());
   PlanInfo plan = *fastllm_plan();
-  plan.dataParallel = comm.size();
 
   // Rank 0 makes the folder and the inputs; everyone learns where.
   char root[256] = {};
@@ -165,7 +205,7 @@ void testResume(Communicator &comm) {
         .write(reinterpret_cast<const char *>(tokens.data()),
                tokens.size() * 2);
     std::normal_distribution<float> normal;
-    std::vector<float> weights(fake::kParamElements);
+    std::vector<float> weights(plan.paramElements);
     for (float &w : weights)
       w = normal(rng);
     CHECK(saveParams(std::string(root) + "/init.safetensors", plan,
@@ -189,16 +229,14 @@ void testResume(Communicator &comm) {
   Options full = opts;
   full.checkpointDir = dir + "/full";
   full.metricsPath = dir + "/full.jsonl";
-  Status s = train(plan, fastllm_step, full, comm, nullptr);
-  CHECK(s.ok());
+  CHECK_OK(train(plan, fastllm_step, full, comm, nullptr));
 
   // Killed after step 7, then the last rank's newest shard (step 6) damaged.
   Options killed = opts;
   killed.steps = 7;
   killed.checkpointDir = dir + "/killed";
   killed.metricsPath = dir + "/killed.jsonl";
-  s = train(plan, fastllm_step, killed, comm, nullptr);
-  CHECK(s.ok());
+  CHECK_OK(train(plan, fastllm_step, killed, comm, nullptr));
   comm.barrier();
   std::string shard = killed.checkpointDir + "/" + stepFolderName(6) + "/" +
                       shardFileName(comm.size() - 1);
@@ -209,8 +247,7 @@ void testResume(Communicator &comm) {
   Options resumed = killed;
   resumed.steps = 8;
   resumed.resume = true;
-  s = train(plan, fastllm_step, resumed, comm, nullptr);
-  CHECK(s.ok());
+  CHECK_OK(train(plan, fastllm_step, resumed, comm, nullptr));
 
   if (comm.rank() == 0) {
     std::vector<std::string> a = losses(full.metricsPath),
@@ -233,6 +270,155 @@ void testResume(Communicator &comm) {
               comm.size());
 }
 
+/// Every tensor of a safetensors file written by the runtime, by name.
+std::vector<std::vector<float>> readTensors(const std::string &path,
+                                            const PlanInfo &plan,
+                                            bool trainableOnly) {
+  Expected<SafetensorsReader> r = SafetensorsReader::open(path);
+  CHECK(r.ok());
+  std::vector<std::vector<float>> out;
+  for (int32_t i = 0; i < plan.numParams; ++i) {
+    const ParamInfo &p = plan.params[i];
+    out.push_back(std::vector<float>(p.numel));
+    if (p.trainable || !trainableOnly)
+      CHECK(r->readF32(p.name, std::vector<int64_t>(p.shape, p.shape + p.rank),
+                       out.back().data())
+                .ok());
+  }
+  return out;
+}
+
+bool near(double a, double b, double tolerance) {
+  return std::abs(a - b) <= tolerance * std::max(1.0, std::abs(b));
+}
+
+/// ZeRO-1 on comm.size() ranks against one rank doing the same global batch
+/// as gradAccum * dp micro-batches.
+void testZero(Communicator &comm) {
+  const int p = comm.size();
+  const int64_t B = 2, T = 3, A = 2;
+  fake::setShape(B, T, p);
+  const fake::Layout layout = fake::layout(p);
+  char root[256] = {};
+  if (comm.rank() == 0) {
+    std::snprintf(root, sizeof(root), "%s/fastllm-zero-XXXXXX",
+                  std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
+    CHECK(mkdtemp(root));
+    std::mt19937 rng(5);
+    std::vector<uint16_t> tokens(600);
+    for (uint16_t &t : tokens)
+      t = rng() % fake::kVocab;
+    std::ofstream(std::string(root) + "/tokens.u16", std::ios::binary)
+        .write(reinterpret_cast<const char *>(tokens.data()),
+               tokens.size() * 2);
+    std::normal_distribution<float> normal;
+    std::vector<float> weights(layout.paramElements);
+    for (float &w : weights)
+      w = normal(rng);
+    CHECK(saveParams(std::string(root) + "/init.safetensors", *fastllm_plan(),
+                     weights.data(), false)
+              .ok());
+  }
+  comm.broadcast(root, sizeof(root), 0);
+  std::string dir = root;
+
+  Options opts;
+  opts.dataPath = dir + "/tokens.u16";
+  opts.weightsPath = dir + "/init.safetensors";
+  opts.steps = 8;
+  opts.lr = 0.05;
+  opts.warmupSteps = 2;
+  opts.sampler = SamplerKind::Sequential;
+  opts.clipGradNorm = 0.3; // below the norm: every rank must scale alike
+  opts.gradAccum = A;
+  opts.collectiveTimeout = 60;
+  Options sharded = opts;
+  sharded.metricsPath = dir + "/dp.jsonl";
+  sharded.saveWeightsPath = dir + "/dp.safetensors";
+  sharded.dumpGradsPath = dir + "/dp-grads.safetensors";
+  fake::takePaddingViolations();
+  CHECK_OK(train(*fastllm_plan(), fastllm_step, sharded, comm, nullptr));
+  CHECK(fake::takePaddingViolations() == 0);
+  comm.barrier();
+
+  if (comm.rank() == 0) {
+    // The same global batch on one rank: dp * A micro-batches of B.
+    fake::setShape(B, T, 1);
+    Expected<std::unique_ptr<Communicator>> self = Communicator::createSelf();
+    CHECK(self.ok());
+    Options single = opts;
+    single.gradAccum = A * p;
+    single.metricsPath = dir + "/single.jsonl";
+    single.saveWeightsPath = dir + "/single.safetensors";
+    single.dumpGradsPath = dir + "/single-grads.safetensors";
+    CHECK_OK(train(*fastllm_plan(), fastllm_step, single, **self, nullptr));
+    CHECK(fake::takePaddingViolations() == 0);
+
+    std::vector<JsonValue> a, b;
+    for (auto [path, out] : {std::pair{sharded.metricsPath, &a},
+                             std::pair{single.metricsPath, &b}}) {
+      std::istringstream in(readFile(path));
+      for (std::string line; std::getline(in, line);) {
+        Expected<JsonValue> v = parseJson(line);
+        CHECK(v.ok());
+        out->push_back(*v);
+      }
+    }
+    CHECK(a.size() == 8 && b.size() == 8);
+    auto number = [](const JsonValue &v, const char *key) {
+      CHECK(v.get(key));
+      return std::stod(v.get(key)->text);
+    };
+    const double predicted = double(layout.paramElements * 4);
+    for (size_t i = 0; i < a.size(); ++i) {
+      double lossA = number(a[i], "loss"), lossB = number(b[i], "loss");
+      std::printf("step %zu: loss %.9g (dp %d) %.9g (1 rank), grad_norm "
+                  "%.9g %.9g\n",
+                  i + 1, lossA, p, lossB, number(a[i], "grad_norm"),
+                  number(b[i], "grad_norm"));
+      CHECK(std::abs(lossA - lossB) <= 1e-5 * std::abs(lossB));
+      CHECK(near(number(a[i], "grad_norm"), number(b[i], "grad_norm"), 1e-5));
+      CHECK(number(a[i], "lr") == number(b[i], "lr"));
+      // ZeRO-1: the full padded array through each of reduce-scatter and
+      // all-gather (the gradient dump's gather is not counted), one double
+      // for the norm; nothing with one rank.
+      CHECK(number(a[i], "reduce_scatter_bytes") == (p > 1 ? predicted : 0));
+      CHECK(number(a[i], "all_gather_bytes") == (p > 1 ? predicted : 0));
+      CHECK(number(a[i], "all_reduce_bytes") == (p > 1 ? 8 : 0));
+      for (const char *key :
+           {"reduce_scatter_bytes", "all_gather_bytes", "all_reduce_bytes"})
+        CHECK(number(b[i], key) == 0);
+    }
+
+    const PlanInfo &plan = *fastllm_plan();
+    std::vector<std::vector<float>> init =
+        readTensors(opts.weightsPath, plan, false);
+    std::vector<std::vector<float>> wa =
+        readTensors(sharded.saveWeightsPath, plan, false);
+    std::vector<std::vector<float>> wb =
+        readTensors(single.saveWeightsPath, plan, false);
+    std::vector<std::vector<float>> ga =
+        readTensors(sharded.dumpGradsPath, plan, true);
+    std::vector<std::vector<float>> gb =
+        readTensors(single.dumpGradsPath, plan, true);
+    for (int32_t t = 0; t < plan.numParams; ++t) {
+      bool trainable = plan.params[t].trainable;
+      for (size_t j = 0; j < wa[t].size(); ++j) {
+        CHECK(near(wa[t][j], wb[t][j], 1e-5));
+        CHECK(near(ga[t][j], gb[t][j], 1e-6));
+        if (!trainable) // frozen: bit for bit the initial value
+          CHECK(wa[t][j] == init[t][j] && wb[t][j] == init[t][j]);
+        else
+          CHECK(wa[t][j] != init[t][j]);
+      }
+    }
+    std::system(("rm -rf '" + dir + "'").c_str());
+  }
+  comm.barrier();
+  std::printf("rank %d of %d: ZeRO-1 matches one rank\n", comm.rank(),
+              comm.size());
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -249,6 +435,8 @@ int main(int argc, char **argv) {
     testCollectives(comm);
   } else if (mode == "resume") {
     testResume(comm);
+  } else if (mode == "zero") {
+    testZero(comm);
   } else if (mode == "timeout") {
     comm.setTimeout(2);
     comm.setStep(3);
@@ -270,7 +458,7 @@ int main(int argc, char **argv) {
     char byte = 0;
     comm.broadcast(&byte, 1, comm.size());
   } else {
-    std::fprintf(stderr, "usage: %s collectives|resume|timeout|kill|bad-root\n",
+    std::fprintf(stderr, "usage: %s collectives|zero|resume|timeout|kill|bad-root\n",
                  argv[0]);
     return 2;
   }

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/Optimizer.h"
+#include "runtime/Plan.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -21,21 +22,68 @@ using namespace fastllm::rt;
 namespace {
 
 /// A plan with only parameters: decayed [3, 4], undecayed [5], frozen [2, 2]
-/// (rank 2, so weightDecay is set, yet it must not decay) and, optionally, a
-/// decayed matrix larger than one optimizer chunk.
+/// (rank 2, so weightDecay is set, yet it must not decay) in stage 0 and,
+/// optionally, a decayed matrix larger than one optimizer chunk in stage 1.
+/// Each stage is padded to a multiple of `pad` elements (dp * 32 unless
+/// given) and split among dp ranks.
 struct ParamsOnlyPlan {
   std::vector<ParamInfo> params;
+  std::vector<StageInfo> stages;
   PlanInfo plan{};
 
-  explicit ParamsOnlyPlan(int64_t bigRows = 0) {
+  explicit ParamsOnlyPlan(int64_t bigRows = 0, int32_t dp = 1,
+                          int64_t pad = 0) {
+    if (!pad)
+      pad = dp * 32;
+    auto padded = [&](int64_t n) { return (n + pad - 1) / pad * pad; };
     params.push_back({"w", 2, {3, 4}, 12, 0, 1, 1});
     params.push_back({"b", 1, {5}, 5, 12, 1, 0});
     params.push_back({"frozen", 2, {2, 2}, 4, 17, 0, 1});
-    if (bigRows)
-      params.push_back({"big", 2, {bigRows, 1000}, bigRows * 1000, 21, 1, 1});
+    stages.push_back({0, padded(21)});
+    if (bigRows) {
+      int64_t at = stages.back().elements;
+      params.push_back(
+          {"big", 2, {bigRows, 1000}, bigRows * 1000, at, 1, 1});
+      stages.push_back({at, padded(bigRows * 1000)});
+    }
     plan.numParams = params.size();
     plan.params = params.data();
-    plan.paramElements = 21 + bigRows * 1000;
+    plan.numStages = stages.size();
+    plan.stages = stages.data();
+    plan.dataParallel = dp;
+    plan.zeroStage = 1;
+    plan.paramElements = stages.back().offset + stages.back().elements;
+  }
+
+  /// Whether element j belongs to a trainable parameter (not to a frozen
+  /// one or padding).
+  bool trainable(int64_t j) const {
+    for (const ParamInfo &p : params)
+      if (p.trainable && j >= p.offset && j < p.offset + p.numel)
+        return true;
+    return false;
+  }
+
+  /// Rank r's shard of a full array.
+  std::vector<float> shard(const std::vector<float> &full, int64_t r) const {
+    std::vector<float> out(shardElements(plan));
+    for (int32_t k = 0; k < plan.numStages; ++k) {
+      ShardSlice s = shardSlice(plan, k, r);
+      std::copy(full.begin() + s.fullOffset,
+                full.begin() + s.fullOffset + s.elements,
+                out.begin() + s.shardOffset);
+    }
+    return out;
+  }
+  /// Writes rank r's shard back into a full array.
+  void unshard(const std::vector<float> &shard, int64_t r,
+               std::vector<float> &full) const {
+    for (int32_t k = 0; k < plan.numStages; ++k) {
+      ShardSlice s = shardSlice(plan, k, r);
+      std::copy(shard.begin() + s.shardOffset,
+                shard.begin() + s.shardOffset + s.elements,
+                full.begin() + s.fullOffset);
+    }
   }
 };
 
@@ -73,7 +121,7 @@ void expectMatchesReference(const AdamWConfig &config) {
     x = normal(rng);
   Reference ref{std::vector<double>(p.begin(), p.end()), std::vector<double>(n),
                 std::vector<double>(n)};
-  const std::vector<float> frozen(p.begin() + 17, p.end());
+  const std::vector<float> frozen(p.begin() + 17, p.end()); // and padding
   AdamW adamw(plan, config);
   for (int64_t t = 1; t <= 6; ++t) {
     for (float &x : g)
@@ -110,12 +158,13 @@ TEST(AdamW, FirstStepMovesEachWeightByLr) {
   // After one step m/(1-beta1) = g and sqrt(v/(1-beta2)) = |g|: every
   // trainable weight moves by lr * sign(g) (eps aside), after decay.
   ParamsOnlyPlan fixture;
-  std::vector<float> p(21, 1.0f), m(21), v(21), g(21);
-  for (int j = 0; j < 21; ++j)
+  int64_t n = fixture.plan.paramElements;
+  std::vector<float> p(n, 1.0f), m(n), v(n), g(n);
+  for (int j = 0; j < n; ++j)
     g[j] = j % 2 ? 0.5f : -2.0f;
   AdamW(fixture.plan, AdamWConfig{0.9, 0.95, 1e-8, 0.1})
       .step(p.data(), g.data(), m.data(), v.data(), 0.01, 1);
-  for (int j = 0; j < 21; ++j) {
+  for (int j = 0; j < n; ++j) { // frozen and padding stay
     float decayed = j < 12 ? 1.0f * (1 - 0.01f * 0.1f) : 1.0f;
     float expected = j >= 17 ? 1.0f : decayed + (j % 2 ? -0.01f : 0.01f);
     EXPECT_NEAR(p[j], expected, 1e-6) << j;
@@ -129,9 +178,9 @@ TEST(Clipping, NormCoversTrainableGradientsOnly) {
   double sum = 0;
   for (int64_t j = 0; j < plan.paramElements; ++j) {
     g[j] = float((j % 13) - 6) * 0.01f;
-    bool frozen = j >= 17 && j < 21;
+    bool frozen = !fixture.trainable(j);
     if (frozen)
-      g[j] = 1e6f; // a frozen parameter's stale gradient must not count
+      g[j] = 1e6f; // a frozen parameter's or padding's gradient must not count
     else
       sum += double(g[j]) * g[j];
   }
@@ -151,7 +200,7 @@ TEST(Clipping, NormCoversTrainableGradientsOnly) {
   double coef = maxNorm / (norm + 1e-6);
   double after = 0;
   for (int64_t j = 0; j < plan.paramElements; ++j) {
-    bool frozen = j >= 17 && j < 21;
+    bool frozen = !fixture.trainable(j);
     EXPECT_NEAR(clipped[j], frozen ? g[j] : g[j] * coef, 1e-7) << j;
     if (!frozen)
       after += double(clipped[j]) * clipped[j];
@@ -175,6 +224,74 @@ TEST(Clipping, NormDoesNotDependOnTheThreadCount) {
   double parallel = adamw.gradNorm(g.data());
   omp_set_num_threads(threads);
   EXPECT_EQ(serial, parallel);
+}
+
+TEST(AdamW, ShardsTogetherRepeatTheWholeArrayExactly) {
+  // The big matrix crosses shard boundaries, the small parameters lie in
+  // rank 0's shard, and a frozen one sits between them. The elementwise
+  // update must not notice the split, and the norm's parts must add up to
+  // the whole. Both layouts pad stages to 384 elements (a multiple of dp * 32
+  // for every dp here), so their full arrays agree.
+  for (int32_t dp : {2, 3, 4}) {
+    ParamsOnlyPlan whole(/*bigRows=*/70, 1, 3 * 128);
+    ParamsOnlyPlan split(/*bigRows=*/70, dp, 3 * 128);
+    ASSERT_EQ(whole.plan.paramElements, split.plan.paramElements);
+    const int64_t n = whole.plan.paramElements;
+    std::mt19937 rng(dp);
+    std::normal_distribution<float> normal;
+    std::vector<float> p(n), m(n), v(n), g(n);
+    for (float &x : p)
+      x = normal(rng);
+    for (int64_t j = 0; j < n; ++j) { // padding is zero
+      bool inParam = false;
+      for (const ParamInfo &info : whole.params)
+        inParam = inParam || (j >= info.offset && j < info.offset + info.numel);
+      if (!inParam)
+        p[j] = 0;
+    }
+    AdamWConfig config{0.9, 0.95, 1e-8, 0.1};
+    AdamW reference(whole.plan, config);
+    std::vector<AdamW> ranks;
+    std::vector<std::vector<float>> sp, sm, sv;
+    for (int r = 0; r < dp; ++r) {
+      ranks.emplace_back(split.plan, config, r);
+      sp.push_back(split.shard(p, r));
+      sm.push_back(std::vector<float>(shardElements(split.plan)));
+      sv.push_back(sm.back());
+    }
+    int64_t trainable = 0;
+    for (int r = 0; r < dp; ++r)
+      trainable += ranks[r].trainableElements();
+    EXPECT_EQ(trainable, reference.trainableElements());
+    EXPECT_EQ(trainable, 12 + 5 + 70000);
+
+    for (int64_t t = 1; t <= 3; ++t) {
+      for (float &x : g)
+        x = normal(rng);
+      double total = 0;
+      std::vector<std::vector<float>> sg;
+      for (int r = 0; r < dp; ++r) {
+        sg.push_back(split.shard(g, r));
+        total += ranks[r].sumOfSquares(sg[r].data());
+      }
+      double norm = reference.gradNorm(g.data());
+      EXPECT_NEAR(std::sqrt(total), norm, 1e-12 * norm);
+      reference.clipGradients(g.data(), norm, 0.5 * norm);
+      reference.step(p.data(), g.data(), m.data(), v.data(), 1e-2, t);
+      std::vector<float> fp(n), fm(n), fv(n);
+      for (int r = 0; r < dp; ++r) {
+        ranks[r].clipGradients(sg[r].data(), norm, 0.5 * norm);
+        ranks[r].step(sp[r].data(), sg[r].data(), sm[r].data(), sv[r].data(),
+                      1e-2, t);
+        split.unshard(sp[r], r, fp);
+        split.unshard(sm[r], r, fm);
+        split.unshard(sv[r], r, fv);
+      }
+      EXPECT_EQ(fp, p) << "dp " << dp << " step " << t;
+      EXPECT_EQ(fm, m) << "dp " << dp << " step " << t;
+      EXPECT_EQ(fv, v) << "dp " << dp << " step " << t;
+    }
+  }
 }
 
 TEST(Schedule, ConstantWithWarmup) {

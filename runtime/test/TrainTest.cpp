@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -33,6 +34,16 @@ using namespace fake;
 
 namespace {
 
+/// Where element j of the dp = 1 layout lies.
+bool isEmbed(int64_t j) {
+  return j >= kEmbedOffset && j < kEmbedOffset + kVocab * kDim;
+}
+bool isBias(int64_t j) { return j >= kBiasOffset && j < kBiasOffset + kDim; }
+bool isCode(int64_t j) {
+  return j >= kCodeOffset && j < kCodeOffset + kVocab * kDim;
+}
+bool isPadding(int64_t j) { return !isEmbed(j) && !isBias(j) && !isCode(j); }
+
 class TrainTest : public ::testing::Test {
 protected:
   void SetUp() override { setShape(2, 3); }
@@ -40,13 +51,14 @@ protected:
 
   const PlanInfo &plan() const { return *fastllm_plan(); }
 
-  /// Writes N(0, 1) weights for every parameter and returns them, flat.
+  /// Writes N(0, 1) weights for every parameter and returns them, flat,
+  /// with zero padding.
   std::vector<float> writeWeights(const std::string &path, unsigned seed) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal;
     std::vector<float> flat(kParamElements);
-    for (float &x : flat)
-      x = normal(rng);
+    for (int64_t j = 0; j < kParamElements; ++j)
+      flat[j] = isPadding(j) ? 0.0f : normal(rng);
     EXPECT_TRUE(saveParams(path, plan(), flat.data(), false).ok());
     return flat;
   }
@@ -200,10 +212,8 @@ TEST_F(TrainTest, GradAccumulationAveragesMicroBatches) {
   std::vector<float> after = readFlat(opts.saveWeightsPath, false);
   for (int64_t j = 0; j < kParamElements; ++j) {
     double g = math.grad[j];
-    double expected = j >= kCodeOffset  ? w[j]
-                      : j < kBiasOffset ? w[j] * (1 - 0.01 * 0.1)
-                                        : w[j];
-    if (j < kCodeOffset)
+    double expected = isEmbed(j) ? w[j] * (1 - 0.01 * 0.1) : w[j];
+    if (isEmbed(j) || isBias(j))
       expected -= 0.01 * g / (std::abs(g) + 1e-8);
     EXPECT_NEAR(after[j], expected, 1e-6) << j;
   }
@@ -326,8 +336,8 @@ TEST_F(TrainTest, RejectsBadInputsBeforeWriting) {
   PlanInfo old = plan();
   old.abiVersion = kAbiVersion + 1;
   Status s = train(old, fastllm_step, good, testComm(), nullptr);
-  EXPECT_EQ(s.message(), "the model was compiled for runtime ABI 2 but this "
-                         "runtime is ABI 1; recompile it with this "
+  EXPECT_EQ(s.message(), "the model was compiled for runtime ABI 3 but this "
+                         "runtime is ABI 2; recompile it with this "
                          "fastllm-opt");
   PlanInfo broken = plan();
   broken.targetsOffset = broken.arenaBytes - 8;
@@ -471,20 +481,129 @@ TEST_F(TrainTest, ResumeNeedsACompleteCheckpointOfTheSamePlan) {
 }
 
 TEST_F(TrainTest, RankCountMustMatchTheCompiledDp) {
+  setShape(2, 3, 2);
   PlanInfo twoRanks = plan();
-  twoRanks.dataParallel = 2;
   EXPECT_EQ(checkWorldSize(twoRanks, 1).message(),
             "this binary was compiled for --dp 2 but runs on 1 rank");
   EXPECT_EQ(checkWorldSize(twoRanks, 3).message(),
             "this binary was compiled for --dp 2 but runs on 3 ranks");
   EXPECT_TRUE(checkWorldSize(twoRanks, 2).ok());
-  PlanInfo old = plan(); // generated code without the field: 0 means 1
-  old.dataParallel = 0;
-  EXPECT_TRUE(checkWorldSize(old, 1).ok());
   Status s =
       train(twoRanks, fastllm_step, options(1, 0.01), testComm(), nullptr);
   EXPECT_EQ(s.message(),
             "this binary was compiled for --dp 2 but runs on 1 rank");
+}
+
+TEST_F(TrainTest, ValidationRejectsCorruptPlans) {
+  // Each case corrupts one field of a valid dp = 2 plan (stages of 128 and
+  // 64 elements) and names what the message must say.
+  setShape(2, 3, 2);
+  const PlanInfo good = plan();
+  ASSERT_TRUE(validatePlan(good).ok()) << validatePlan(good).message();
+  StageInfo stages[2] = {good.stages[0], good.stages[1]};
+  ParamInfo params[3] = {good.params[0], good.params[1], good.params[2]};
+  auto check = [&](const char *what, auto corrupt, const std::string &text) {
+    PlanInfo p = good;
+    StageInfo st[2] = {stages[0], stages[1]};
+    ParamInfo pa[3] = {params[0], params[1], params[2]};
+    p.stages = st;
+    p.params = pa;
+    corrupt(p, st, pa);
+    Status s = validatePlan(p);
+    EXPECT_FALSE(s.ok()) << what;
+    EXPECT_NE(s.message().find(text), std::string::npos)
+        << what << ": " << s.message();
+  };
+  using P = PlanInfo &;
+  using S = StageInfo *;
+  using A = ParamInfo *;
+  check("zero stage 2", [](P p, S, A) { p.zeroStage = 2; },
+        "the model was compiled for ZeRO stage 2, which is not supported by "
+        "this runtime yet; compile it with --zero-stage 1");
+  check("zero stage 3", [](P p, S, A) { p.zeroStage = 3; },
+        "ZeRO stage 3, which is not supported by this runtime yet");
+  check("zero stage 0", [](P p, S, A) { p.zeroStage = 0; },
+        "invalid model plan: zero stage 0 is not 1, 2 or 3");
+  check("dp 0", [](P p, S, A) { p.dataParallel = 0; },
+        "data parallelism 0 is not positive");
+  check("stage gap", [](P, S s, A) { s[1].offset += 64; },
+        "stage 1 [192, +64) does not start where stage 0 ends (128)");
+  check("first stage late", [](P, S s, A) { s[0].offset = 64; },
+        "stage 0 [64, +128) does not start where the parameters do (0)");
+  check("stage not a multiple of dp * 32",
+        [](P p, S s, A) {
+          s[0].elements = 96;
+          s[1].offset = 96;
+          p.paramElements = 160;
+        },
+        "stage 0 [0, +96) is not a multiple of dp * 32 = 64 elements");
+  check("stage past the end", [](P, S s, A) { s[1].elements = 128; },
+        "stage 1 [128, +128) does not lie inside the 192 parameter elements");
+  check("negative stage", [](P, S s, A) { s[1].elements = -64; },
+        "does not lie inside");
+  check("stages short", [](P p, S, A) { p.numStages = 1; },
+        "the stages cover 128 of the 192 parameter elements");
+  check("no stage table", [](P p, S, A) { p.stages = nullptr; },
+        "a missing table");
+  check("param across stages", [](P, S, A a) { a[2].offset = 100; },
+        "parameter #2 'code' [100, +64) crosses the end of stage 0 at 128");
+  check("params overlap", [](P, S, A a) { a[1].offset = 2; },
+        "parameters 'bias' and 'embed' overlap");
+  check("duplicate name", [](P, S, A a) { a[2].name = "embed"; },
+        "parameter #2 'embed' has the name of an earlier parameter");
+  check("param outside", [](P, S, A a) { a[2].offset = 190; },
+        "parameter #2 'code' has an inconsistent shape or lies outside");
+  check("negative dims", [](P, S, A a) {
+          a[0].shape[0] = -16;
+          a[0].shape[1] = -4;
+        },
+        "parameter #0 'embed' has an inconsistent shape");
+  check("shard outside the arena",
+        [](P p, S, A) { p.gradShardOffset = p.arenaBytes - 64; },
+        "grad shard region");
+  check("shards overlap",
+        [](P p, S, A) { p.adamVOffset = p.adamMOffset + 4; },
+        "adam m region");
+  check("full arrays overlap",
+        [](P p, S, A) { p.gradsOffset = p.paramsOffset + 64; },
+        "params region [0, +768) overlaps grads region [64, +768)");
+  check("activations over master",
+        [](P p, S, A) {
+          p.activationsOffset = p.masterOffset;
+          p.activationsBytes = 64;
+        },
+        "master region");
+  check("misaligned tokens", [](P p, S, A) { p.tokensOffset += 4; },
+        "tokens region");
+  check("huge param count", [](P p, S, A) { p.paramElements = INT64_MAX; },
+        "parameter elements do not fit the arena");
+  check("huge batch", [](P p, S, A) { p.batchSize = INT64_MAX / 2; },
+        "tokens region");
+  check("null input name", [](P p, S, A) { p.tokensInput = nullptr; },
+        "an input name is missing");
+}
+
+TEST_F(TrainTest, PaddingStaysZeroAndNothingIsCommunicatedOnOneRank) {
+  // The fake step poisons the padding of grads with NaN and counts steps
+  // whose params padding is not zero.
+  writeTokens(dir.file("tokens.u16"), randomTokens(300, 30));
+  writeWeights(dir.file("init.safetensors"), 31);
+  Options opts = options(5, 0.05);
+  opts.gradAccum = 3;
+  opts.clipGradNorm = 0.1;
+  opts.metricsPath = dir.file("metrics.jsonl");
+  takePaddingViolations();
+  ASSERT_TRUE(train(plan(), fastllm_step, opts, testComm(), nullptr).ok());
+  EXPECT_EQ(takePaddingViolations(), 0);
+  std::vector<JsonValue> lines = readMetrics(opts.metricsPath);
+  ASSERT_EQ(lines.size(), 5u);
+  for (const JsonValue &line : lines) {
+    EXPECT_TRUE(std::isfinite(number(line, "grad_norm")));
+    EXPECT_TRUE(std::isfinite(number(line, "loss")));
+    for (const char *key :
+         {"reduce_scatter_bytes", "all_gather_bytes", "all_reduce_bytes"})
+      EXPECT_EQ(number(line, key), 0) << key;
+  }
 }
 
 } // namespace
