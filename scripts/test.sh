@@ -58,6 +58,17 @@ else
   add 0 1
 fi
 
+echo "== data parallelism (ZeRO-1, mpirun) vs one rank"
+"$py" "$root/test/e2e/data_parallel.py" "$build/bin/fastllm-opt" \
+  2>&1 | grep -v "bytes, export" | tee "$logdir/data-parallel.log"
+line=$(grep -E "^data parallel tests: " "$logdir/data-parallel.log" | tail -1)
+if [[ -n "$line" ]]; then
+  add "$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")" \
+      "$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")"
+else
+  add 0 1
+fi
+
 echo "== gradient rules vs PyTorch autograd"
 "$py" "$root/test/e2e/gradcheck.py" --tool "$build/bin/fastllm-opt" \
   2>&1 | tee "$logdir/gradcheck.log" | grep -E "^(FAIL|gradcheck)"
