@@ -15,6 +15,19 @@ passed=0 failed=0 skipped=0
 add() { passed=$((passed + $1)); failed=$((failed + $2)); skipped=$((skipped + ${3:-0})); }
 logdir="$build/test-logs"
 mkdir -p "$logdir"
+# Adds the counts of a script's closing line `PREFIX: P passed, F failed[,
+# S skipped]` in LOG; a missing line (the script crashed) is one failure.
+tally() {
+  local line
+  line=$(grep -E "^$2: [0-9]+ passed" "$1" | tail -1)
+  if [[ -z "$line" ]]; then add 0 1; return; fi
+  local p f s
+  p=$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")
+  f=$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")
+  s=0
+  [[ "$line" == *skipped* ]] && s=$(sed -E 's/.* ([0-9]+) skipped.*/\1/' <<<"$line")
+  add "$p" "$f" "$s"
+}
 
 echo "== lit"
 "$py" /usr/lib/llvm-19/build/utils/lit/lit.py -s "$build/test" \
@@ -39,59 +52,28 @@ fi
 echo "== real PyTorch exports"
 "$py" "$root/test/export_import_test.py" --tool "$build/bin/fastllm-opt" \
   2>&1 | tee "$logdir/exports.log"
-line=$(grep -E "^export import tests: " "$logdir/exports.log" | tail -1)
-if [[ -n "$line" ]]; then
-  add "$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")" \
-      "$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")"
-else
-  add 0 1
-fi
+tally "$logdir/exports.log" "export import tests"
 
 echo "== end to end: compiled training vs PyTorch"
 "$py" "$root/test/e2e/train_vs_pytorch.py" --tool "$build/bin/fastllm-opt" \
   2>&1 | grep -v "bytes, export" | tee "$logdir/e2e-train.log"
-line=$(grep -E "^e2e train tests: " "$logdir/e2e-train.log" | tail -1)
-if [[ -n "$line" ]]; then
-  add "$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")" \
-      "$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")"
-else
-  add 0 1
-fi
+tally "$logdir/e2e-train.log" "e2e train tests"
 
 echo "== data parallelism (ZeRO-1, mpirun) vs one rank"
 "$py" "$root/test/e2e/data_parallel.py" "$build/bin/fastllm-opt" \
   2>&1 | grep -v "bytes, export" | tee "$logdir/data-parallel.log"
-line=$(grep -E "^data parallel tests: " "$logdir/data-parallel.log" | tail -1)
-if [[ -n "$line" ]]; then
-  add "$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")" \
-      "$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")"
-else
-  add 0 1
-fi
+tally "$logdir/data-parallel.log" "data parallel tests"
 
 echo "== gradient rules vs PyTorch autograd"
 "$py" "$root/test/e2e/gradcheck.py" --tool "$build/bin/fastllm-opt" \
   2>&1 | tee "$logdir/gradcheck.log" | grep -E "^(FAIL|gradcheck)"
-line=$(grep -E "^gradcheck: " "$logdir/gradcheck.log" | tail -1)
-if [[ -n "$line" ]]; then
-  add "$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")" \
-      "$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")"
-else
-  add 0 1
-fi
+tally "$logdir/gradcheck.log" "gradcheck"
 
 echo "== ONNX operator tests (libonnx-testdata)"
 "$py" "$root/test/onnx_node_tests.py" --tool "$build/bin/fastllm-opt" \
   >"$logdir/onnx-node.log" 2>&1
 tail -n 25 "$logdir/onnx-node.log"
-line=$(grep -E "^onnx node tests: " "$logdir/onnx-node.log" | tail -1)
-if [[ -n "$line" ]]; then
-  add "$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")" \
-      "$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")" \
-      "$(sed -E 's/.* ([0-9]+) skipped.*/\1/' <<<"$line")"
-else
-  add 0 1
-fi
+tally "$logdir/onnx-node.log" "onnx node tests"
 
 echo "== fuzzing the importer (${fuzz_seconds}s)"
 if [[ -x "$build/bin/fastllm-import-fuzzer" ]]; then
