@@ -293,14 +293,8 @@ int fastllm::compileMain(int argc, char **argv) {
     return 1;
   }
 
-  DialectRegistry registry;
-  fastllm::registerOnnxImportDialects(registry);
-  MLIRContext context(registry);
-  context.loadAllAvailableDialects();
-  ScopedDiagnosticHandler handler(&context, [](Diagnostic &diag) {
-    fastllm::printDiagnostic(diag);
-    return success();
-  });
+  fastllm::DriverContext driver;
+  MLIRContext &context = driver.context;
   // A model-dialect module (`fastllm-opt import` output, or hand-written IR
   // for compiler work) skips the importer; its shapes are already static and
   // must agree with --batch-size / --seq-len.

@@ -4,6 +4,7 @@
 #define FASTLLM_TOOLS_COMPILE_H
 
 #include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
 #include "llvm/ADT/StringMap.h"
 
 #include <string>
@@ -20,6 +21,14 @@ bool parseDimBindings(llvm::ArrayRef<std::string> specs,
 
 /// Prints a frontend/driver diagnostic as `FILE: error: message`.
 void printDiagnostic(Diagnostic &diag);
+
+/// The context of the `import` and `compile` subcommands: the importer's
+/// dialects loaded, diagnostics printed with printDiagnostic.
+struct DriverContext {
+  DriverContext();
+  MLIRContext context;
+  ScopedDiagnosticHandler handler;
+};
 
 } // namespace mlir::fastllm
 

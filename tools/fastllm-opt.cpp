@@ -68,6 +68,20 @@ void fastllm::printDiagnostic(Diagnostic &diag) {
     os << "  note: " << note.str() << "\n";
 }
 
+static DialectRegistry importRegistry() {
+  DialectRegistry registry;
+  fastllm::registerOnnxImportDialects(registry);
+  return registry;
+}
+
+fastllm::DriverContext::DriverContext()
+    : context(importRegistry()), handler(&context, [](Diagnostic &diag) {
+        printDiagnostic(diag);
+        return success();
+      }) {
+  context.loadAllAvailableDialects();
+}
+
 static int importMain(int argc, char **argv) {
   cl::OptionCategory category("fastllm-opt import options");
   cl::opt<std::string> input(cl::Positional, cl::Required,
@@ -101,14 +115,8 @@ static int importMain(int argc, char **argv) {
   if (!fastllm::parseDimBindings(bindDims, options.dimBindings))
     return 1;
 
-  DialectRegistry registry;
-  fastllm::registerOnnxImportDialects(registry);
-  MLIRContext context(registry);
-  context.loadAllAvailableDialects();
-  ScopedDiagnosticHandler handler(&context, [](Diagnostic &diag) {
-    fastllm::printDiagnostic(diag);
-    return success();
-  });
+  fastllm::DriverContext driver;
+  MLIRContext &context = driver.context;
 
   OwningOpRef<ModuleOp> module =
       fastllm::importOnnxFile(&context, input, options);
