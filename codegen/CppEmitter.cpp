@@ -237,12 +237,24 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
     os << "    {\"\", 0, {0}, 0, 0, 0, 0},\n";
   os << "};\n\n";
   os << "const StageInfo kStages[] = {\n";
-  for (auto [offset, elements] :
-       llvm::zip(plan.stageOffsets, plan.stageElements))
-    os << "    {" << offset << ", " << elements << "},\n";
-  if (plan.stageOffsets.empty())
-    os << "    {0, 0},\n";
+  for (int64_t k = 0; k < plan.numStages(); ++k)
+    os << "    {" << plan.stageOffsets[k] << ", " << plan.stageElements[k]
+       << ", " << plan.stageGradSlot[k] << ", " << plan.stageWeightSlot[k]
+       << "},\n";
+  if (!plan.numStages())
+    os << "    {0, 0, -1, -1},\n";
   os << "};\n\n";
+  auto slots = [&](StringRef name, ArrayRef<int64_t> offsets,
+                   ArrayRef<int64_t> elements) {
+    os << "const SlotInfo " << name << "[] = {\n";
+    for (size_t i = 0; i < offsets.size(); ++i)
+      os << "    {" << offsets[i] << ", " << elements[i] << "},\n";
+    if (offsets.empty())
+      os << "    {0, 0},\n";
+    os << "};\n\n";
+  };
+  slots("kGradSlots", plan.gradSlotOffsets, plan.gradSlotElements);
+  slots("kWeightSlots", plan.weightSlotOffsets, plan.weightSlotElements);
   os << "const PlanInfo kPlan = {\n"
      << "    kAbiVersion, \"cpu\", " << tokShape[0] << ", " << tokShape[1]
      << ", " << vocab << ",\n"
@@ -250,14 +262,20 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
      << cString(argName(plan.targetsArg)) << ",\n"
      << "    " << numParams << ", kParams, " << plan.paramElements << ",\n"
      << "    /*dataParallel=*/" << plan.dataParallel << ", /*zeroStage=*/"
-     << plan.zeroStage << ", " << plan.stageOffsets.size() << ", kStages,\n"
+     << plan.zeroStage << ", " << plan.numStages() << ", kStages,\n"
      << "    " << plan.arenaBytes << ",\n"
      << "    " << plan.paramsOffset << ", " << plan.gradsOffset << ",\n"
+     << "    " << plan.gradSlotOffsets.size() << ", kGradSlots, "
+     << plan.weightSlotOffsets.size() << ", kWeightSlots,\n"
      << "    " << plan.masterOffset << ", " << plan.adamMOffset << ", "
      << plan.adamVOffset << ", " << plan.gradShardOffset << ",\n"
      << "    " << plan.tokensOffset << ", " << plan.targetsOffset << ",\n"
      << "    " << plan.activationsOffset << ", " << plan.activationsBytes
      << ", " << plan.activationsUnsharedBytes << ",\n"
+     << "    " << plan.reduceScatterBytesPerMicroBatch << ", "
+     << plan.allGatherBytesPerMicroBatch << ", "
+     << plan.reduceScatterBytesPerStep << ", " << plan.allGatherBytesPerStep
+     << ",\n"
      << "};\n";
   return success();
 }
@@ -352,12 +370,41 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
       .Case<ConstantOp>([&](auto) { return success(); })
       .Case<GetParameterOp>([&](GetParameterOp get) {
-        auto param = module.lookupSymbol<ParameterOp>(get.getName());
-        auto offset = param->getAttrOfType<IntegerAttr>(kParamOffsetAttr);
+        auto offsets = get->getAttrOfType<DenseI64ArrayAttr>(kResultOffsetsAttr);
+        if (!offsets || offsets.size() != 1)
+          return get.emitOpError("has no planned address; run fastllm-plan-memory"),
+                 failure();
         std::string n = "v" + std::to_string(counter++);
         names[get.getResult()] = n;
-        os << "  float *" << n << " = params + " << offset.getInt() << "; // @"
-           << get.getName() << "\n";
+        os << "  float *" << n << " = reinterpret_cast<float *>(arena + "
+           << offsets[0] << "); // @" << get.getName() << "\n";
+        return success();
+      })
+      .Case<AllGatherOp, ReduceScatterOp>([&](Operation *o) {
+        auto [stage, slot] = isa<AllGatherOp>(o)
+            ? std::pair{cast<AllGatherOp>(o).getStage(), cast<AllGatherOp>(o).getSlot()}
+            : std::pair{cast<ReduceScatterOp>(o).getStage(),
+                        cast<ReduceScatterOp>(o).getSlot()};
+        std::string n = "r" + std::to_string(counter++);
+        names[o->getResult(0)] = n;
+        os << "  int32_t " << n << " = comm->"
+           << (isa<AllGatherOp>(o) ? "allGather" : "reduceScatter")
+           << "(comm->context, " << stage << ", " << slot << ");\n";
+        return success();
+      })
+      .Case<WaitOp>([&](WaitOp w) {
+        os << "  comm->wait(comm->context, " << name(w.getRequest()) << ");\n";
+        return success();
+      })
+      .Case<ClearGradsOp>([&](ClearGradsOp c) {
+        std::optional<MemoryPlan> plan = MemoryPlan::get(module);
+        if (!plan || c.getSlot() >= int64_t(plan->gradSlotOffsets.size()) ||
+            c.getStage() >= plan->numStages())
+          return c.emitOpError("names a slot or stage the plan does not have"),
+                 failure();
+        os << "  std::memset(arena + " << plan->gradSlotOffsets[c.getSlot()]
+           << ", 0, " << plan->stageElements[c.getStage()] * 4
+           << "); // stage " << c.getStage() << "\n";
         return success();
       })
       .Case<ReshapeOp>([&](ReshapeOp r) {
@@ -367,10 +414,13 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
         return success();
       })
       .Case<AccumulateGradOp>([&](AccumulateGradOp acc) {
-        auto param = module.lookupSymbol<ParameterOp>(acc.getName());
-        auto offset = param->getAttrOfType<IntegerAttr>(kParamOffsetAttr);
-        os << "  addInto(grads + " << offset.getInt() << ", "
-           << name(acc.getGrad()) << ", "
+        auto offset = acc->getAttrOfType<IntegerAttr>(kGradOffsetAttr);
+        if (!offset)
+          return acc.emitOpError("has no planned gradient address; run "
+                                 "fastllm-plan-memory"),
+                 failure();
+        os << "  addInto(reinterpret_cast<float *>(arena + " << offset.getInt()
+           << "), " << name(acc.getGrad()) << ", "
            << tensorType(acc.getGrad()).getNumElements() << "); // @"
            << acc.getName() << "\n";
         return success();
@@ -694,19 +744,15 @@ LogicalResult CpuEmitter::emit() {
          "// Do not edit; recompile the model instead.\n\n"
          "#include \"runtime/ModelABI.h\"\n"
          "#include \"runtime/cpu/Kernels.h\"\n\n"
-         "#include <cmath>\n#include <cstdint>\n\n"
+         "#include <cmath>\n#include <cstdint>\n#include <cstring>\n\n"
          "using namespace fastllm::rt;\nusing namespace fastllm::rt::cpu;\n\n"
          "namespace {\n"
       << planText << "\n"
       << constants << "\n"
       << functorDefs << "} // namespace\n\n"
       << "extern \"C\" const PlanInfo *fastllm_plan() { return &kPlan; }\n\n"
-      << "extern \"C\" float fastllm_step(char *arena) {\n"
-      << "  float *params = reinterpret_cast<float *>(arena + "
-      << plan->paramsOffset << ");\n"
-      << "  float *grads = reinterpret_cast<float *>(arena + "
-      << plan->gradsOffset << ");\n"
-      << "  (void)params;\n  (void)grads;\n"
+      << "extern \"C\" float fastllm_step(char *arena, const Collectives *comm) {\n"
+      << "  (void)comm;\n"
       << text << "}\n";
   return success();
 }

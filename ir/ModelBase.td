@@ -25,6 +25,20 @@ def Model_Dialect : Dialect {
     `model.get_parameter`, so a tied weight is one parameter with several uses.
   }];
   let useDefaultAttributePrinterParser = 1;
+  let useDefaultTypePrinterParser = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Types
+//===----------------------------------------------------------------------===//
+
+def Model_RequestType : TypeDef<Model_Dialect, "Request"> {
+  let mnemonic = "request";
+  let summary = "a collective in flight";
+  let description = [{
+    What `model.all_gather` and `model.reduce_scatter` return: the collective
+    runs in the background until the one `model.wait` on it.
+  }];
 }
 
 class Model_Op<string mnemonic, list<Trait> traits = []>

@@ -18,6 +18,9 @@ using namespace mlir::fastllm::model;
 #define GET_ATTRDEF_CLASSES
 #include "ir/ModelAttrs.cpp.inc"
 
+#define GET_TYPEDEF_CLASSES
+#include "ir/ModelTypes.cpp.inc"
+
 void ModelDialect::initialize() {
   addOperations<
 #define GET_OP_LIST
@@ -26,6 +29,10 @@ void ModelDialect::initialize() {
   addAttributes<
 #define GET_ATTRDEF_LIST
 #include "ir/ModelAttrs.cpp.inc"
+      >();
+  addTypes<
+#define GET_TYPEDEF_LIST
+#include "ir/ModelTypes.cpp.inc"
       >();
 }
 
@@ -550,6 +557,42 @@ AccumulateGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
   if (param.getFrozen())
     return emitOpError("parameter '") << getName() << "' is frozen";
   return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Distributed plan
+//===----------------------------------------------------------------------===//
+
+/// Stage and slot are indices; a collective's request is waited exactly once.
+static LogicalResult verifyStageSlot(Operation *op, int64_t stage, int64_t slot) {
+  if (stage < 0 || slot < 0)
+    return op->emitOpError("stage and slot must be non-negative, got stage ")
+           << stage << " and slot " << slot;
+  return success();
+}
+
+static LogicalResult verifyCollective(Operation *op, int64_t stage,
+                                      int64_t slot) {
+  if (failed(verifyStageSlot(op, stage, slot)))
+    return failure();
+  Value request = op->getResult(0);
+  if (!request.hasOneUse() || !isa<WaitOp>(*request.getUsers().begin()))
+    return op->emitOpError("request must be waited exactly once (one "
+                           "model.wait), it has ")
+           << std::distance(request.use_begin(), request.use_end()) << " uses";
+  if (request.getUsers().begin()->getBlock() != op->getBlock())
+    return op->emitOpError("request must be waited in the block that starts it");
+  return success();
+}
+
+LogicalResult AllGatherOp::verify() {
+  return verifyCollective(*this, getStage(), getSlot());
+}
+LogicalResult ReduceScatterOp::verify() {
+  return verifyCollective(*this, getStage(), getSlot());
+}
+LogicalResult ClearGradsOp::verify() {
+  return verifyStageSlot(*this, getStage(), getSlot());
 }
 
 #define GET_OP_CLASSES

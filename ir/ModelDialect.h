@@ -19,6 +19,9 @@
 #define GET_ATTRDEF_CLASSES
 #include "ir/ModelAttrs.h.inc"
 
+#define GET_TYPEDEF_CLASSES
+#include "ir/ModelTypes.h.inc"
+
 #define GET_OP_CLASSES
 #include "ir/ModelOps.h.inc"
 

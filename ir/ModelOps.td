@@ -697,4 +697,73 @@ def Model_SliceGradOp : Model_Op<"slice_grad", [Pure]> {
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// Distributed plan (DESIGN.md section 3): collectives of a ZeRO-2/3 step
+//===----------------------------------------------------------------------===//
+//
+// A stage's parameters are one flat array split into dp equal shards; every
+// rank owns one shard of the fp32 master weights and of the reduced
+// gradient. Weight and gradient *slots* are the buffers (of the memory plan)
+// that hold a stage's full weights or gradients while it runs. These ops
+// name a stage and a slot by index; fastllm-zero-layout decides both and
+// fastllm-verify-collectives proves that a step uses them consistently.
+
+class Model_CollectiveOp<string mnemonic>
+    : Model_Op<mnemonic, [MemoryEffects<[MemRead, MemWrite]>]> {
+  let arguments = (ins I64Attr:$stage, I64Attr:$slot);
+  let results = (outs Model_RequestType:$request);
+  let hasVerifier = 1;
+}
+
+def Model_AllGatherOp : Model_CollectiveOp<"all_gather"> {
+  let summary = "starts gathering a stage's weights into a weight slot";
+  let description = [{
+    Every rank sends its shard of stage `stage`'s master weights; when the
+    request is waited, weight slot `slot` holds the stage's full weights.
+
+    ```mlir
+    %r = model.all_gather stage 2 into slot 0
+    model.wait %r
+    ```
+  }];
+  let assemblyFormat = "`stage` $stage `into` `slot` $slot attr-dict";
+}
+
+def Model_ReduceScatterOp : Model_CollectiveOp<"reduce_scatter"> {
+  let summary = "starts reducing a gradient slot into the stage's shards";
+  let description = [{
+    Gradient slot `slot` holds this rank's gradient of stage `stage` for one
+    micro-batch. When the request is waited, every rank's shard of the
+    stage's reduced gradient has been increased by the mean over the
+    data-parallel ranks and the step's micro-batches of its part of the slot,
+    and the slot may be reused.
+
+    ```mlir
+    %r = model.reduce_scatter stage 2 from slot 1
+    model.wait %r
+    ```
+  }];
+  let assemblyFormat = "`stage` $stage `from` `slot` $slot attr-dict";
+}
+
+def Model_WaitOp : Model_Op<"wait", [MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "waits for a collective to finish";
+  let arguments = (ins Model_RequestType:$request);
+  let assemblyFormat = "$request attr-dict";
+}
+
+def Model_ClearGradsOp : Model_Op<"clear_grads", [MemoryEffects<[MemWrite]>]> {
+  let summary = "zeroes a gradient slot for a stage's backward";
+  let description = [{
+    Before stage `stage` accumulates its gradients into gradient slot `slot`:
+
+    ```mlir
+    model.clear_grads stage 2 slot 1
+    ```
+  }];
+  let arguments = (ins I64Attr:$stage, I64Attr:$slot);
+  let assemblyFormat = "`stage` $stage `slot` $slot attr-dict";
+  let hasVerifier = 1;
+}
+
 #endif // FASTLLM_IR_MODELOPS_TD

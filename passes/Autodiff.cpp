@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/Passes.h"
+#include "passes/Zero.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -78,6 +79,9 @@ LogicalResult AutodiffPass::differentiate(func::FuncOp step) {
   }
 
   // Backward, in reverse program order, inserted before the return.
+  SmallVector<Operation *> forward;
+  for (Operation &op : body.without_terminator())
+    forward.push_back(&op);
   OpBuilder b(ret);
   DenseMap<Value, Value> grads;
   auto addGrad = [&](Value v, Value g, Location loc) {
@@ -95,9 +99,6 @@ LogicalResult AutodiffPass::differentiate(func::FuncOp step) {
                   lossType, b.getFloatAttr(lossType.getElementType(), 1.0))),
           step.getLoc());
 
-  SmallVector<Operation *> forward;
-  for (Operation &op : body.without_terminator())
-    forward.push_back(&op);
   for (Operation *op : llvm::reverse(forward)) {
     SmallVector<Value> resultGrads;
     bool any = false;
@@ -131,6 +132,12 @@ LogicalResult AutodiffPass::differentiate(func::FuncOp step) {
       if (g && active.count(operand))
         addGrad(operand, g, op->getLoc());
   }
+
+  // Mark the backward ops: the ZeRO schedule places collectives by phase.
+  llvm::SmallPtrSet<Operation *, 32> isForward(forward.begin(), forward.end());
+  for (Operation &op : body.without_terminator())
+    if (!isForward.contains(&op))
+      op.setAttr(kBackwardAttr, b.getUnitAttr());
 
   // Backward rules build every operand's gradient; drop what nothing reads.
   SmallVector<Operation *> all;

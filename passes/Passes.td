@@ -24,37 +24,92 @@ def AutodiffPass : Pass<"fastllm-autodiff", "ModuleOp"> {
   let dependentDialects = ["::mlir::fastllm::model::ModelDialect"];
 }
 
-def PlanMemoryPass : Pass<"fastllm-plan-memory", "ModuleOp"> {
-  let summary = "lays out one static arena per process and assigns every buffer";
+def ZeroLayoutPass : Pass<"fastllm-zero-layout", "ModuleOp"> {
+  let summary = "ZeRO step 1: lays out the stages' parameters and assigns buffer slots";
   let description = [{
-    Plans the memory of `func.func @train_step` for one rank:
+    Decides the distributed plan of `func.func @train_step` (DESIGN.md
+    section 3) and records it in the module's `plan.memory`:
 
     - parameters are laid end to end in one flat fp32 array, ordered by
       stage (`model.stage`), each tensor aligned to `alignment` bytes and
-      each stage padded to a multiple of `dp * 32` elements;
-      `model.parameter`s get `plan.offset` (elements); the gradient buffer
-      mirrors that layout, and the fp32 master weights, AdamW moments and
-      reduced gradients are this rank's 1/dp shard of every stage;
-    - the token and target inputs (the first two integer arguments) get
-      regions of their own;
-    - every other tensor an op produces gets a byte offset in the activation
-      region, assigned from liveness so that values whose lifetimes do not
-      overlap share memory (greedy by size, first fit); `model.reshape`
-      aliases its input, `model.constant` and `model.get_parameter` need no
-      activation memory.
-
-    Ops get `plan.offsets` (one byte offset per result, -1 when the result
-    has no buffer of its own); the module gets `plan.memory`, a dictionary
-    with every region's offset and size and the arena's total.
+      each stage padded to a multiple of `dp * 32` elements (`plan.offset`
+      on each `model.parameter`, in elements);
+    - ZeRO-2 and 3 give the stages that have parameters `num-grad-buffers`
+      gradient slots round-robin (default 2), ZeRO-3 also `num-weight-buffers`
+      weight slots (default 2), each sized for the largest stage it serves; a
+      stage read by a later stage (a tied embedding read by the head) gets a
+      tie slot of its own (ZeRO-3);
+    - every op of the step gets a `model.stage`; ZeRO-2/3 require the forward
+      to run the stages in order and the backward in reverse; ZeRO-3 gives
+      each stage its own `model.get_parameter` with the weight slot it reads
+      (`plan.slot`), ZeRO-2/3 each `model.accumulate_grad` its gradient slot.
   }];
   let options = [
-    Option<"alignment", "alignment", "int64_t", /*default=*/"64",
-           "Alignment of every buffer, in bytes (a power of two)">,
     Option<"dp", "dp", "int64_t", /*default=*/"1",
            "Data-parallel ranks: each stage is padded to dp * 32 elements and "
            "the master weights, moments and reduced gradients are sharded">,
     Option<"zeroStage", "zero-stage", "int64_t", /*default=*/"1",
            "ZeRO stage (1, 2 or 3)">,
+    Option<"numGradBuffers", "num-grad-buffers", "int64_t", /*default=*/"-1",
+           "Gradient slots shared by the stages (ZeRO-2/3; default 2)">,
+    Option<"numWeightBuffers", "num-weight-buffers", "int64_t", /*default=*/"-1",
+           "Weight slots shared by the stages (ZeRO-3; default 2)">,
+    Option<"alignment", "alignment", "int64_t", /*default=*/"64",
+           "Alignment of every parameter tensor, in bytes">,
+  ];
+}
+
+def ZeroCollectivesPass : Pass<"fastllm-zero-collectives", "ModuleOp"> {
+  let summary = "ZeRO step 2: places the step's all-gathers and reduce-scatters";
+  let description = [{
+    Inserts into `func.func @train_step` the collectives of one micro-batch,
+    from the slots of fastllm-zero-layout: ZeRO-3 gathers each stage's
+    weights before its forward (prefetching the next stage's during its
+    compute) and again before its backward when its slot was reused; ZeRO-2
+    and 3 clear a stage's gradient slot before its backward and start its
+    reduce-scatter after it, waiting for it only when the slot is needed
+    again or at the end of the step. ZeRO-1 steps are left alone.
+  }];
+}
+
+def VerifyCollectivesPass : Pass<"fastllm-verify-collectives", "ModuleOp"> {
+  let summary = "proves the step's collectives consistent and records its traffic";
+  let description = [{
+    Runs the step over an abstract state of its weight and gradient slots and
+    fails with a diagnostic on the op at fault unless: the step is
+    straight-line code (every rank issues the same collectives, of its
+    stage's size); every parameter read finds its stage in its weight slot;
+    every gradient is added into a slot cleared for its stage; every stage
+    with parameters is reduce-scattered exactly once per micro-batch
+    (ZeRO-2/3); nothing is in flight at the end. Records the bytes moved per
+    micro-batch and per step in `plan.memory`.
+  }];
+}
+
+def PlanMemoryPass : Pass<"fastllm-plan-memory", "ModuleOp"> {
+  let summary = "lays out one static arena per process and assigns every buffer";
+  let description = [{
+    Places the regions of one rank's arena for the layout of
+    fastllm-zero-layout (DESIGN.md section 3):
+
+    - ZeRO-1 and 2: the full weights (ZeRO-3: the weight slots); ZeRO-1: the
+      full gradients (ZeRO-2/3: the gradient slots, reduced in place); this rank's 1/dp shards of
+      the fp32 master weights, AdamW moments and reduced gradients;
+    - the token and target inputs (the first two integer arguments);
+    - every other tensor an op produces gets a byte offset in the activation
+      region, assigned from liveness so that values whose lifetimes do not
+      overlap share memory (greedy by size, first fit); `model.reshape`
+      aliases its input, `model.constant` needs no memory.
+
+    Ops get `plan.offsets` (one byte offset per tensor result: for
+    `model.get_parameter` where the weights it reads are,
+    `model.accumulate_grad` gets the offset of the gradient it adds into);
+    the module's `plan.memory` gets every region's offset and size and the
+    arena's total.
+  }];
+  let options = [
+    Option<"alignment", "alignment", "int64_t", /*default=*/"64",
+           "Alignment of every buffer, in bytes (a power of two)">,
   ];
 }
 

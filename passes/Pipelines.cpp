@@ -20,10 +20,15 @@ void mlir::fastllm::buildCpuTrainingPipeline(
   autodiff.freeze = options.freeze;
   pm.addPass(createAutodiffPass(autodiff));
   pm.addPass(createCSEPass());
-  PlanMemoryPassOptions memory;
-  memory.dp = options.dp;
-  memory.zeroStage = options.zeroStage;
-  pm.addPass(createPlanMemoryPass(memory));
+  ZeroLayoutPassOptions zero;
+  zero.dp = options.dp;
+  zero.zeroStage = options.zeroStage;
+  zero.numGradBuffers = options.numGradBuffers;
+  zero.numWeightBuffers = options.numWeightBuffers;
+  pm.addPass(createZeroLayoutPass(zero));
+  pm.addPass(createZeroCollectivesPass());
+  pm.addPass(createVerifyCollectivesPass());
+  pm.addPass(createPlanMemoryPass());
 }
 
 void mlir::fastllm::registerFastllmPipelines() {

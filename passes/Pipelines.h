@@ -27,6 +27,14 @@ struct TrainingPipelineOptions
   Option<int64_t> zeroStage{*this, "zero-stage",
                             llvm::cl::desc("ZeRO stage (1, 2 or 3)"),
                             llvm::cl::init(1)};
+  Option<int64_t> numGradBuffers{
+      *this, "num-grad-buffers",
+      llvm::cl::desc("Gradient slots (ZeRO-2/3; -1: the default, 2)"),
+      llvm::cl::init(-1)};
+  Option<int64_t> numWeightBuffers{
+      *this, "num-weight-buffers",
+      llvm::cl::desc("Weight slots (ZeRO-3; -1: the default, 2)"),
+      llvm::cl::init(-1)};
 };
 
 /// Imported model -> planned training step, ready for the CPU emitter.

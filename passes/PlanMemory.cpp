@@ -11,13 +11,12 @@
 
 #include "passes/MemoryPlan.h"
 #include "passes/Passes.h"
+#include "passes/Zero.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "llvm/Support/MathExtras.h"
 
-#include <map>
-#include <numeric>
 
 namespace mlir::fastllm {
 #define GEN_PASS_DEF_PLANMEMORYPASS
@@ -49,6 +48,10 @@ template <typename Plan, typename Fn> void forEachField(Plan &p, Fn fn) {
   fn("adam_m_offset", p.adamMOffset);
   fn("adam_v_offset", p.adamVOffset);
   fn("grad_shard_offset", p.gradShardOffset);
+  fn("reduce_scatter_bytes_per_micro_batch", p.reduceScatterBytesPerMicroBatch);
+  fn("all_gather_bytes_per_micro_batch", p.allGatherBytesPerMicroBatch);
+  fn("reduce_scatter_bytes_per_step", p.reduceScatterBytesPerStep);
+  fn("all_gather_bytes_per_step", p.allGatherBytesPerStep);
   fn("tokens_offset", p.tokensOffset);
   fn("targets_offset", p.targetsOffset);
   fn("tokens_arg", p.tokensArg);
@@ -56,6 +59,17 @@ template <typename Plan, typename Fn> void forEachField(Plan &p, Fn fn) {
   fn("activations_offset", p.activationsOffset);
   fn("activations_bytes", p.activationsBytes);
   fn("activations_unshared_bytes", p.activationsUnsharedBytes);
+}
+template <typename Plan, typename Fn> void forEachArray(Plan &p, Fn fn) {
+  fn("stage_offsets", p.stageOffsets);
+  fn("stage_elements", p.stageElements);
+  fn("stage_grad_slot", p.stageGradSlot);
+  fn("stage_weight_slot", p.stageWeightSlot);
+  fn("stage_tie_slot", p.stageTieSlot);
+  fn("grad_slot_elements", p.gradSlotElements);
+  fn("grad_slot_offsets", p.gradSlotOffsets);
+  fn("weight_slot_elements", p.weightSlotElements);
+  fn("weight_slot_offsets", p.weightSlotOffsets);
 }
 } // namespace
 
@@ -65,8 +79,9 @@ DictionaryAttr MemoryPlan::toAttr(MLIRContext *context) const {
   forEachField(*this, [&](StringRef name, int64_t value) {
     attrs.push_back(b.getNamedAttr(name, b.getI64IntegerAttr(value)));
   });
-  attrs.push_back(b.getNamedAttr("stage_offsets", b.getDenseI64ArrayAttr(stageOffsets)));
-  attrs.push_back(b.getNamedAttr("stage_elements", b.getDenseI64ArrayAttr(stageElements)));
+  forEachArray(*this, [&](StringRef name, ArrayRef<int64_t> values) {
+    attrs.push_back(b.getNamedAttr(name, b.getDenseI64ArrayAttr(values)));
+  });
   return b.getDictionaryAttr(attrs);
 }
 
@@ -79,21 +94,33 @@ std::optional<MemoryPlan> MemoryPlan::fromAttr(DictionaryAttr attr) {
     if (v)
       value = v.getInt();
   });
-  auto offsets = attr.getAs<DenseI64ArrayAttr>("stage_offsets");
-  auto elements = attr.getAs<DenseI64ArrayAttr>("stage_elements");
-  if (!ok || !offsets || !elements || offsets.size() != elements.size())
+  forEachArray(plan, [&](StringRef name, SmallVector<int64_t> &values) {
+    auto v = attr.getAs<DenseI64ArrayAttr>(name);
+    ok &= static_cast<bool>(v);
+    if (v)
+      values.assign(v.asArrayRef().begin(), v.asArrayRef().end());
+  });
+  int64_t stages = plan.stageOffsets.size();
+  for (auto *perStage : {&plan.stageElements, &plan.stageGradSlot,
+                         &plan.stageWeightSlot, &plan.stageTieSlot})
+    ok &= int64_t(perStage->size()) == stages;
+  ok &= plan.gradSlotOffsets.size() == plan.gradSlotElements.size() &&
+        plan.weightSlotOffsets.size() == plan.weightSlotElements.size();
+  if (!ok)
     return std::nullopt;
-  plan.stageOffsets.assign(offsets.asArrayRef().begin(), offsets.asArrayRef().end());
-  plan.stageElements.assign(elements.asArrayRef().begin(), elements.asArrayRef().end());
   return plan;
 }
 
-std::optional<MemoryPlan> MemoryPlan::get(ModuleOp module) {
+std::optional<MemoryPlan> MemoryPlan::get(ModuleOp module, StringRef pass) {
   auto attr = module->getAttrOfType<DictionaryAttr>(kMemoryPlanAttr);
   std::optional<MemoryPlan> plan = attr ? fromAttr(attr) : std::nullopt;
   if (!plan)
-    module.emitError("the module has no memory plan; run fastllm-plan-memory");
+    module.emitError("the module has no (complete) memory plan; run ") << pass;
   return plan;
+}
+
+void MemoryPlan::set(ModuleOp module) const {
+  module->setAttr(kMemoryPlanAttr, toAttr(module.getContext()));
 }
 
 //===----------------------------------------------------------------------===//
@@ -160,57 +187,77 @@ void PlanMemoryPass::runOnOperation() {
     module.emitError("no func.func @train_step to plan; run fastllm-autodiff first");
     return signalPassFailure();
   }
+  std::optional<MemoryPlan> layout = MemoryPlan::get(module, "fastllm-zero-layout");
+  if (!layout)
+    return signalPassFailure();
+  if (layout->arenaBytes) {
+    module.emitError("the module's memory is already planned");
+    return signalPassFailure();
+  }
+  MemoryPlan plan = std::move(*layout);
   Builder b(module.getContext());
   auto align = [&](int64_t v) { return (int64_t)llvm::alignTo(v, alignment); };
-  MemoryPlan plan;
-
-  if (dp < 1) {
-    module.emitError("dp must be at least 1, got ") << dp.getValue();
-    return signalPassFailure();
-  }
-  if (zeroStage < 1 || zeroStage > 3) {
-    module.emitError("zero-stage must be 1, 2 or 3, got ") << zeroStage.getValue();
-    return signalPassFailure();
-  }
-  plan.dataParallel = dp;
-  plan.zeroStage = zeroStage;
-
-  // Parameters: one flat fp32 array ordered by stage (model.stage, 0 when
-  // the model was not partitioned), each tensor aligned, each stage padded
-  // to a multiple of dp * 32 elements so it splits into equal shards.
-  int64_t elemAlign = alignment / 4;
-  std::map<int64_t, SmallVector<ParameterOp>> byStage;
-  for (auto param : module.getOps<ParameterOp>()) {
-    RankedTensorType type = param.getTensorType();
-    if (!type.getElementType().isF32()) {
-      param.emitOpError("has element type ")
-          << type.getElementType() << "; parameters must be f32 (fp32 master weights)";
-      return signalPassFailure();
-    }
-    auto stage = param->getAttrOfType<IntegerAttr>("model.stage");
-    byStage[stage ? stage.getInt() : 0].push_back(param);
-  }
-  int64_t stageAlign = std::lcm<int64_t>(dp * 32, elemAlign);
-  for (auto &[stage, params] : byStage) {
-    int64_t start = plan.paramElements;
-    for (ParameterOp param : params) {
-      param->setAttr(kParamOffsetAttr, b.getI64IntegerAttr(plan.paramElements));
-      plan.paramElements +=
-          llvm::alignTo(param.getTensorType().getNumElements(), elemAlign);
-    }
-    plan.paramElements = llvm::alignTo(plan.paramElements, stageAlign);
-    plan.stageOffsets.push_back(start);
-    plan.stageElements.push_back(plan.paramElements - start);
-  }
-  int64_t paramBytes = align(plan.paramElements * 4);
-  int64_t shardBytes = align(plan.paramElements / dp * 4);
-  plan.paramsOffset = 0;
-  plan.gradsOffset = paramBytes;
-  int64_t cursor = 2 * paramBytes;
+  const int64_t dp = plan.dataParallel;
+  int64_t cursor = 0;
+  auto place = [&](int64_t bytes) {
+    int64_t offset = cursor;
+    cursor += align(bytes);
+    return offset;
+  };
+  // Weights: one buffer per stage (the full array) or ZeRO-3's slots.
+  if (plan.zeroStage <= 2)
+    plan.paramsOffset = place(plan.paramElements * 4);
+  else
+    for (auto [offset, elements] :
+         llvm::zip(plan.weightSlotOffsets, plan.weightSlotElements))
+      offset = place(elements * 4);
+  // Gradients: one buffer per stage (ZeRO-1) or slots (reduced in place).
+  if (plan.zeroStage == 1)
+    plan.gradsOffset = place(plan.paramElements * 4);
+  else
+    for (auto [offset, elements] :
+         llvm::zip(plan.gradSlotOffsets, plan.gradSlotElements))
+      offset = place(elements * 4);
   for (int64_t *region : {&plan.masterOffset, &plan.adamMOffset,
-                          &plan.adamVOffset, &plan.gradShardOffset}) {
-    *region = cursor;
-    cursor += shardBytes;
+                          &plan.adamVOffset, &plan.gradShardOffset})
+    *region = place(plan.paramElements / dp * 4);
+
+  // Where each parameter read and gradient accumulation points.
+  SymbolTable symbols(module);
+  auto paramAddress = [&](Operation *op, StringRef name, int64_t slot,
+                          bool grad) -> std::optional<int64_t> {
+    auto param = symbols.lookup<ParameterOp>(name);
+    auto offset = param ? param->getAttrOfType<IntegerAttr>(kParamOffsetAttr)
+                        : IntegerAttr();
+    if (!offset) {
+      op->emitOpError("reads a parameter without a planned offset; run "
+                      "fastllm-zero-layout");
+      return std::nullopt;
+    }
+    int64_t stage = std::max<int64_t>(stageOf(param), 0);
+    int64_t inStage = (offset.getInt() - plan.stageOffsets[stage]) * 4;
+    bool full = grad ? plan.zeroStage == 1 : plan.zeroStage <= 2;
+    if (full)
+      return (grad ? plan.gradsOffset : plan.paramsOffset) + offset.getInt() * 4;
+    ArrayRef<int64_t> slots = grad ? plan.gradSlotOffsets : plan.weightSlotOffsets;
+    if (slot < 0 || slot >= int64_t(slots.size())) {
+      op->emitOpError("has no valid ") << (grad ? "gradient" : "weight")
+                                       << " slot; run fastllm-zero-layout";
+      return std::nullopt;
+    }
+    return slots[slot] + inStage;
+  };
+  for (Operation &op : step.getBody().front()) {
+    std::optional<int64_t> address;
+    if (auto get = dyn_cast<GetParameterOp>(op)) {
+      if (!(address = paramAddress(&op, get.getName(), slotOf(&op), false)))
+        return signalPassFailure();
+      op.setAttr(kResultOffsetsAttr, b.getDenseI64ArrayAttr({*address}));
+    } else if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
+      if (!(address = paramAddress(&op, acc.getName(), slotOf(&op), true)))
+        return signalPassFailure();
+      op.setAttr(kGradOffsetAttr, b.getI64IntegerAttr(*address));
+    }
   }
 
   // Inputs: the first two integer arguments are the tokens and the targets.
@@ -251,6 +298,8 @@ void PlanMemoryPass::runOnOperation() {
       continue;
     }
     for (Value r : op.getResults()) {
+      if (!isa<RankedTensorType>(r.getType()))
+        continue;
       bufferOf[r] = buffers.size();
       buffers.push_back({r, align(bytesOf(r.getType())), index[&op], index[&op]});
     }
@@ -267,12 +316,13 @@ void PlanMemoryPass::runOnOperation() {
   plan.arenaBytes = align(plan.activationsOffset + plan.activationsBytes);
 
   for (Operation &op : body) {
-    if (op.getNumResults() == 0 || isa<ConstantOp, GetParameterOp, ReshapeOp>(op))
+    if (!llvm::any_of(op.getResultTypes(), llvm::IsaPred<RankedTensorType>) ||
+        isa<ConstantOp, GetParameterOp, ReshapeOp>(op))
       continue;
     SmallVector<int64_t> offsets;
     for (Value r : op.getResults())
       offsets.push_back(plan.activationsOffset + buffers[bufferOf[r]].offset);
     op.setAttr(kResultOffsetsAttr, b.getDenseI64ArrayAttr(offsets));
   }
-  module->setAttr(kMemoryPlanAttr, plan.toAttr(module.getContext()));
+  plan.set(module);
 }

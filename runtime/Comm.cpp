@@ -217,7 +217,10 @@ Request Communicator::ireduceScatterSum(const float *in, float *out,
   counters.reduceScatter += worldSize * n * int64_t(sizeof(float));
   Request r;
   r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL}});
-  check(MPI_Ireduce_scatter_block(in, out, int(n), MPI_FLOAT, MPI_SUM,
+  // In place (in == out): the buffer holds every rank's part and the
+  // result lands at its start.
+  check(MPI_Ireduce_scatter_block(in == out ? MPI_IN_PLACE : in, out, int(n),
+                                  MPI_FLOAT, MPI_SUM,
                                   handle->comm, &r.pending->requests[0]),
         op);
   return r;

@@ -112,7 +112,9 @@ public:
   void allGatherBytes(const void *in, void *out, int64_t bytes);
 
   /// Non-blocking forms of the three fp32 collectives, for overlapping them
-  /// with compute; counted when issued.
+  /// with compute; counted when issued. ireduceScatterSum may run in place
+  /// (in == out): the buffer holds size() * n inputs and the result lands in
+  /// its first n.
   Request iallReduceSum(const float *in, float *out, int64_t n);
   Request ireduceScatterSum(const float *in, float *out, int64_t n);
   Request iallGather(const float *in, float *out, int64_t n);

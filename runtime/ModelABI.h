@@ -8,27 +8,35 @@
 //
 // Memory: the runtime allocates ONE arena of `arenaBytes` (64-byte aligned)
 // and every buffer lives at a fixed byte offset in it, as the static memory
-// plan decided:
+// plan decided (DESIGN.md section 3 for the ZeRO stages):
 //
-//   params      fp32 [paramElements]   the weights the step reads
-//   grads       fp32 [paramElements]   gradient buffer the step adds into
+//   params      fp32 [paramElements]   ZeRO-1/2: the weights the step reads
+//   weight slots                       ZeRO-3: stages' full weights, gathered
+//                                      by the step (round-robin, + tie slots)
+//   grads       fp32 [paramElements]   ZeRO-1: the gradients the step adds
+//   grad slots                         ZeRO-2/3: a stage's gradients for one
+//                                      micro-batch, reduce-scattered by the
+//                                      step
 //   master, adamM, adamV, gradShard
 //               fp32 [paramElements/dp] this rank's shard of the fp32
 //                                       master weights, AdamW moments and
-//                                       reduced gradients (ZeRO)
+//                                       reduced gradients
 //   tokens      int64 [batch, seq]     the micro-batch's input token ids
 //   targets     int64 [batch, seq]     the micro-batch's target token ids
 //   the rest    activations and temporaries, shared by liveness
 //
-// `fastllm_step(arena)` runs forward and backward on the micro-batch in the
-// arena, ADDS d(loss)/d(param) into `grads` (the runtime zeroes them before a
-// step's first micro-batch and averages over micro-batches) and returns the
-// micro-batch loss (mean over its batch*seq tokens). The optimizer, the
-// schedule, clipping, the data pipeline and (for ZeRO-1) the collectives
-// belong to the runtime: after a step's micro-batches it reduce-scatters
-// each stage's gradients into the shard (averaged over dp ranks and
-// micro-batches), updates the master shard with AdamW, and all-gathers the
-// updated weights into `params`.
+// `fastllm_step(arena, comm)` runs forward and backward on the micro-batch in
+// the arena and returns its loss (mean over its batch*seq tokens). ZeRO-1:
+// it ADDS d(loss)/d(param) into `grads` (the runtime zeroes them before a
+// step's first micro-batch), and after the step's micro-batches the runtime
+// reduce-scatters each stage's gradients into the shard (the mean over dp
+// ranks and micro-batches). ZeRO-2/3: the step itself starts and waits the
+// collectives through `comm`: each stage's gradients are reduce-scattered
+// into gradShard (which the runtime zeroes before the first micro-batch)
+// after its backward, and ZeRO-3 gathers the weights into slots before they
+// are read. The optimizer, the schedule, clipping and the data pipeline
+// belong to the runtime, which all-gathers the updated master shards into
+// `params` after each optimizer step (ZeRO-1/2).
 //
 //===----------------------------------------------------------------------===//
 
@@ -39,7 +47,7 @@
 
 namespace fastllm::rt {
 
-constexpr int32_t kAbiVersion = 2;
+constexpr int32_t kAbiVersion = 3;
 constexpr int kMaxRank = 8;
 
 struct ParamInfo {
@@ -66,6 +74,15 @@ struct ParamInfo {
 struct StageInfo {
   int64_t offset;   ///< first element in the flat params/grads arrays
   int64_t elements; ///< padded length
+  int32_t gradSlot;   ///< ZeRO-2/3: the gradient slot it uses, else -1
+  int32_t weightSlot; ///< ZeRO-3: the weight slot it uses, else -1
+};
+
+/// A buffer that holds one stage at a time. A gradient slot is reduced in
+/// place: its reduce-scatter leaves this rank's part at its start.
+struct SlotInfo {
+  int64_t offset;   ///< bytes into the arena
+  int64_t elements; ///< fp32 elements: the largest stage it serves
 };
 
 struct PlanInfo {
@@ -88,15 +105,40 @@ struct PlanInfo {
 
   // The static memory plan, in bytes.
   int64_t arenaBytes;
-  /// Full arrays (paramElements fp32 each): the weights the step reads and
-  /// the gradients it adds into.
+  /// Full arrays (paramElements fp32 each; -1 when the ZeRO stage uses slots
+  /// instead): the weights the step reads and the gradients it adds into.
   int64_t paramsOffset, gradsOffset;
+  int32_t numGradSlots;
+  const SlotInfo *gradSlots;
+  int32_t numWeightSlots;
+  const SlotInfo *weightSlots;
   /// This rank's shards (paramElements / dataParallel fp32 each): fp32
   /// master weights, AdamW moments, and the reduced gradient.
   int64_t masterOffset, adamMOffset, adamVOffset, gradShardOffset;
   int64_t tokensOffset, targetsOffset;
   int64_t activationsOffset, activationsBytes; ///< the liveness-shared region
   int64_t activationsUnsharedBytes; ///< sum of all activation sizes, for reports
+
+  /// What one rank's collectives move, as the compiler proved the schedule
+  /// (the full buffer's bytes per call; 0 when dp is 1): inside each
+  /// micro-batch's step and once per optimizer step.
+  int64_t reduceScatterBytesPerMicroBatch, allGatherBytesPerMicroBatch;
+  int64_t reduceScatterBytesPerStep, allGatherBytesPerStep;
+};
+
+/// The collectives a ZeRO-2/3 step starts and waits. The runtime provides
+/// them (MPI on CPUs); a call that fails ends the job with a message, so
+/// they return no error.
+struct Collectives {
+  void *context;
+  /// Starts gathering every rank's shard of stage `stage`'s master weights
+  /// into weight slot `slot`; returns the request to wait.
+  int32_t (*allGather)(void *context, int32_t stage, int32_t slot);
+  /// Starts reducing gradient slot `slot` (stage `stage`'s gradients) into
+  /// this rank's gradShard: when waited, gradShard += the mean over ranks
+  /// and micro-batches of this rank's part.
+  int32_t (*reduceScatter)(void *context, int32_t stage, int32_t slot);
+  void (*wait)(void *context, int32_t request);
 };
 
 } // namespace fastllm::rt
@@ -105,7 +147,7 @@ extern "C" {
 /// The plan of the model this binary was compiled for.
 const fastllm::rt::PlanInfo *fastllm_plan();
 /// One forward+backward over the micro-batch in the arena (see above).
-float fastllm_step(char *arena);
+float fastllm_step(char *arena, const fastllm::rt::Collectives *comm);
 }
 
 #endif // FASTLLM_RUNTIME_MODELABI_H

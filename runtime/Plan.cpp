@@ -38,12 +38,7 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
     return errorf("this runtime trains target 'cpu' models; the model was "
                   "compiled for '%s'",
                   plan.target ? plan.target : "");
-  if (plan.zeroStage == 2 || plan.zeroStage == 3)
-    return errorf("the model was compiled for ZeRO stage %d, which is not "
-                  "supported by this runtime yet; compile it with "
-                  "--zero-stage 1",
-                  plan.zeroStage);
-  if (plan.zeroStage != 1)
+  if (plan.zeroStage < 1 || plan.zeroStage > 3)
     return invalid("zero stage " + str(plan.zeroStage) + " is not 1, 2 or 3");
   if (plan.dataParallel < 1)
     return invalid("data parallelism " + str(plan.dataParallel) +
@@ -61,6 +56,22 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
                    " parameter elements do not fit the arena of " +
                    str(plan.arenaBytes) + " bytes");
 
+  // The full arrays exist where the ZeRO stage keeps one buffer per stage;
+  // otherwise the stages use slots.
+  const bool fullParams = plan.zeroStage <= 2, fullGrads = plan.zeroStage == 1;
+  if ((plan.paramsOffset >= 0) != fullParams ||
+      (plan.gradsOffset >= 0) != fullGrads)
+    return invalid("ZeRO-" + str(plan.zeroStage) + " must " +
+                   (fullParams ? "" : "not ") + "have full weights and must " +
+                   (fullGrads ? "" : "not ") + "have full gradients");
+  if (plan.numGradSlots < 0 || plan.numWeightSlots < 0 ||
+      (plan.numGradSlots > 0 && !plan.gradSlots) ||
+      (plan.numWeightSlots > 0 && !plan.weightSlots) ||
+      (plan.zeroStage == 1 && plan.numGradSlots != 0) ||
+      (plan.zeroStage <= 2 && plan.numWeightSlots != 0) ||
+      (plan.zeroStage >= 2 && plan.numStages > 0 && plan.numGradSlots == 0) ||
+      (plan.zeroStage == 3 && plan.numStages > 0 && plan.numWeightSlots == 0))
+    return invalid("the slot tables do not fit ZeRO-" + str(plan.zeroStage));
   // The stages tile the flat arrays in order, each splitting into dp equal
   // shards (DESIGN.md section 3).
   const int64_t dp = plan.dataParallel;
@@ -83,6 +94,23 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
     if (s.elements / dp > INT_MAX)
       return invalid(what + " has shards of " + str(s.elements / dp) +
                      " elements, more than MPI's count limit");
+    // A stage with parameters uses one slot of each kind its ZeRO stage
+    // shares, large enough for it.
+    struct {
+      const char *kind;
+      bool used;
+      int32_t slot, count;
+      const SlotInfo *table;
+    } uses[] = {{"gradient", plan.zeroStage >= 2, s.gradSlot,
+                 plan.numGradSlots, plan.gradSlots},
+                {"weight", plan.zeroStage == 3, s.weightSlot,
+                 plan.numWeightSlots, plan.weightSlots}};
+    for (const auto &u : uses)
+      if (u.used && s.elements > 0 &&
+          (u.slot < 0 || u.slot >= u.count ||
+           u.table[u.slot].elements < s.elements))
+        return invalid(what + " uses " + u.kind + " slot " + str(u.slot) +
+                       ", which does not exist or is too small");
     next += s.elements;
   }
   if (next != plan.paramElements)
@@ -97,9 +125,9 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
       __builtin_mul_overflow(tokenBytes, int64_t(sizeof(int64_t)),
                              &tokenBytes))
     tokenBytes = INT64_MAX; // fails the arena check below
-  const Extent extents[] = {
-      {"params", plan.paramsOffset, fullBytes},
-      {"grads", plan.gradsOffset, fullBytes},
+  std::vector<Extent> extents = {
+      {"params", fullParams ? plan.paramsOffset : 0, fullParams ? fullBytes : 0},
+      {"grads", fullGrads ? plan.gradsOffset : 0, fullGrads ? fullBytes : 0},
       {"master", plan.masterOffset, shardBytes},
       {"adam m", plan.adamMOffset, shardBytes},
       {"adam v", plan.adamVOffset, shardBytes},
@@ -107,6 +135,31 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
       {"tokens", plan.tokensOffset, tokenBytes},
       {"targets", plan.targetsOffset, tokenBytes},
       {"activations", plan.activationsOffset, plan.activationsBytes}};
+  // Slots, bounded by the arena before their sizes are multiplied.
+  std::vector<std::string> slotNames;
+  slotNames.reserve(plan.numGradSlots + plan.numWeightSlots);
+  auto addSlot = [&](const std::string &name, int64_t offset,
+                     int64_t elements) -> Status {
+    if (elements < 0 || elements > plan.arenaBytes / int64_t(sizeof(float)) ||
+        elements % dp != 0)
+      return invalid(name + " has " + str(elements) +
+                     " elements, not a multiple of dp inside the arena");
+    slotNames.push_back(name);
+    extents.push_back({slotNames.back().c_str(), offset,
+                       elements * int64_t(sizeof(float))});
+    return Status();
+  };
+  for (int32_t i = 0; i < plan.numGradSlots; ++i) {
+    const SlotInfo &g = plan.gradSlots[i];
+    if (Status st = addSlot("gradient slot " + str(i), g.offset, g.elements);
+        !st.ok())
+      return st;
+  }
+  for (int32_t i = 0; i < plan.numWeightSlots; ++i)
+    if (Status st = addSlot("weight slot " + str(i), plan.weightSlots[i].offset,
+                            plan.weightSlots[i].elements);
+        !st.ok())
+      return st;
   for (const Extent &e : extents) {
     int64_t align = std::string_view(e.name) == "tokens" ||
                             std::string_view(e.name) == "targets"

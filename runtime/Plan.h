@@ -19,13 +19,15 @@ namespace fastllm::rt {
 /// Checks everything the runtime relies on, so that a mismatched or corrupt
 /// binary fails with a message rather than scribbling over memory:
 ///  - the ABI version, the target, positive sizes and non-null names;
-///  - dataParallel >= 1 and zeroStage 1 (2 and 3 are refused as not
-///    supported by this runtime yet);
+///  - dataParallel >= 1 and zeroStage 1, 2 or 3, with the full arrays and
+///    slot tables that ZeRO stage uses;
 ///  - the stages tile [0, paramElements) in order, each a multiple of
-///    dataParallel * 32 elements with shards MPI can count;
-///  - every region (params, grads, the four shards, tokens, targets,
-///    activations) lies inside the arena, aligned, and the runtime's regions
-///    do not overlap one another or the activations;
+///    dataParallel * 32 elements with shards MPI can count, each using
+///    slots large enough for it;
+///  - every region (params or weight slots, grads or gradient slots, the
+///    four shards, tokens, targets, activations)
+///    lies inside the arena, aligned, and the runtime's regions do not
+///    overlap one another or the activations;
 ///  - every parameter has a consistent shape, a unique name, lies inside one
 ///    stage and overlaps no other parameter.
 Status validatePlan(const PlanInfo &plan);

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <algorithm>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -142,31 +143,51 @@ std::string planSummary(const PlanInfo &plan, const Options &opts) {
   return buf;
 }
 
-/// ZeRO-1's moves between the full arrays the step uses (params, grads) and
-/// this rank's shards (DESIGN.md section 3): stage k's shard of rank r is
-/// full[offset_k + r * e_k / dp, + e_k / dp) <-> shard[offset_k / dp, +
-/// e_k / dp). With dp = 1 the shard is the whole array and the moves are
-/// local copies that communicate (and count) nothing.
-class Zero1 {
+/// The moves between the full-size buffers the step uses and this rank's
+/// shards (DESIGN.md section 3): stage k's shard of rank r is full[offset_k
+/// + r * e_k / dp, + e_k / dp) <-> shard[offset_k / dp, + e_k / dp). With
+/// dp = 1 the shard is the whole stage and the moves are local copies that
+/// communicate (and count) nothing.
+///
+/// ZeRO-1 reduces the full gradients once per step (reduceScatterGrads) and
+/// ZeRO-1/2 gather the updated weights into the full params once per step
+/// (gatherParams). ZeRO-2/3 steps call back through `collectives()`: they
+/// gather a stage's weights into a slot (ZeRO-3) and reduce a gradient slot
+/// into the shard, accumulating the mean over ranks and micro-batches.
+class Zero {
 public:
-  Zero1(const PlanInfo &plan, Communicator &comm, char *arena)
+  Zero(const PlanInfo &plan, Communicator &comm, char *arena)
       : plan(plan), comm(comm), dp(plan.dataParallel), rank(comm.rank()),
-        params(reinterpret_cast<float *>(arena + plan.paramsOffset)),
-        grads(reinterpret_cast<float *>(arena + plan.gradsOffset)),
-        master(reinterpret_cast<float *>(arena + plan.masterOffset)),
-        gradShard(reinterpret_cast<float *>(arena + plan.gradShardOffset)) {}
+        arena(arena), params(region(plan.paramsOffset)),
+        grads(region(plan.gradsOffset)), master(region(plan.masterOffset)),
+        gradShard(region(plan.gradShardOffset)) {
+    table.context = this;
+    table.allGather = [](void *self, int32_t stage, int32_t slot) {
+      return static_cast<Zero *>(self)->startGather(stage, slot);
+    };
+    table.reduceScatter = [](void *self, int32_t stage, int32_t slot) {
+      return static_cast<Zero *>(self)->startReduce(stage, slot);
+    };
+    table.wait = [](void *self, int32_t request) {
+      static_cast<Zero *>(self)->finish(request);
+    };
+  }
 
-  /// master = this rank's shard of params (the initial weights).
-  void shardParams() {
+  const Collectives *collectives() const { return &table; }
+  /// The scale the step's reduce-scatters apply: 1 / (dp * micro-batches).
+  void setGradScale(float scale) { gradScale = scale; }
+
+  /// master = this rank's shard of `full` (the initial weights).
+  void shardParams(const float *full) {
     for (int32_t k = 0; k < plan.numStages; ++k) {
       ShardSlice s = shardSlice(plan, k, rank);
-      std::memcpy(master + s.shardOffset, params + s.fullOffset,
+      std::memcpy(master + s.shardOffset, full + s.fullOffset,
                   s.elements * sizeof(float));
     }
   }
 
-  /// gradShard = this rank's shard of the sum over ranks of grads, times
-  /// `scale`. Every stage's reduce-scatter is in flight at once.
+  /// ZeRO-1: gradShard = this rank's shard of the sum over ranks of grads,
+  /// times `scale`. Every stage's reduce-scatter is in flight at once.
   void reduceScatterGrads(float scale) {
     if (dp == 1) {
       scaleInto(gradShard, grads, plan.paramElements, scale);
@@ -188,24 +209,8 @@ public:
     }
   }
 
-  /// params = every rank's master shard.
-  void gatherParams() { gather(master, params); }
-  /// grads = every rank's gradShard (the reduced gradients, for a dump).
-  void gatherGrads() { gather(gradShard, grads); }
-
-private:
-  /// out[i] = in[i] * scale (a copy when scale is 1).
-  static void scaleInto(float *out, const float *in, int64_t n, float scale) {
-    if (scale == 1.0f) {
-      if (out != in)
-        std::memcpy(out, in, n * sizeof(float));
-      return;
-    }
-#pragma omp parallel for
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = in[i] * scale;
-  }
-
+  /// full = every rank's shard (params after an update, or the reduced
+  /// gradients for a dump).
   void gather(const float *shard, float *full) {
     if (dp == 1) {
       std::memcpy(full, shard, plan.paramElements * sizeof(float));
@@ -223,10 +228,88 @@ private:
       r.wait();
   }
 
+private:
+  float *region(int64_t offset) const {
+    return offset < 0 ? nullptr : reinterpret_cast<float *>(arena + offset);
+  }
+
+  /// out[i] = in[i] * scale (a copy when scale is 1).
+  static void scaleInto(float *out, const float *in, int64_t n, float scale) {
+    if (scale == 1.0f) {
+      if (out != in)
+        std::memcpy(out, in, n * sizeof(float));
+      return;
+    }
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = in[i] * scale;
+  }
+
+  /// out[i] += in[i] * scale.
+  static void addScaled(float *out, const float *in, int64_t n, float scale) {
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; ++i)
+      out[i] += in[i] * scale;
+  }
+
+  /// A collective the step started; `add` is what its wait completes (a
+  /// reduce-scatter's result, added into gradShard).
+  struct InFlight {
+    Request request;
+    const float *add = nullptr;
+    float *into = nullptr;
+    int64_t elements = 0;
+  };
+
+  int32_t track(InFlight op) {
+    if (std::all_of(inFlight.begin(), inFlight.end(),
+                    [](const std::optional<InFlight> &f) { return !f; }))
+      inFlight.clear();
+    inFlight.push_back(std::move(op));
+    return int32_t(inFlight.size() - 1);
+  }
+
+  int32_t startGather(int32_t stage, int32_t slot) {
+    ShardSlice s = shardSlice(plan, stage, 0);
+    float *out = region(plan.weightSlots[slot].offset);
+    if (dp == 1) {
+      std::memcpy(out, master + s.shardOffset, s.elements * sizeof(float));
+      return track({});
+    }
+    return track({comm.iallGather(master + s.shardOffset, out, s.elements)});
+  }
+
+  int32_t startReduce(int32_t stage, int32_t slot) {
+    ShardSlice s = shardSlice(plan, stage, 0);
+    const SlotInfo &g = plan.gradSlots[slot];
+    float *shard = gradShard + s.shardOffset;
+    if (dp == 1) {
+      addScaled(shard, region(g.offset), s.elements, gradScale);
+      return track({});
+    }
+    // In place: the slot is busy until the wait, which adds this rank's
+    // part (left at the slot's start) into the shard.
+    float *slotData = region(g.offset);
+    return track({comm.ireduceScatterSum(slotData, slotData, s.elements),
+                  slotData, shard, s.elements});
+  }
+
+  void finish(int32_t request) {
+    std::optional<InFlight> &op = inFlight.at(request);
+    op->request.wait();
+    if (op->add)
+      addScaled(op->into, op->add, op->elements, gradScale);
+    op.reset();
+  }
+
   const PlanInfo &plan;
   Communicator &comm;
   const int64_t dp, rank;
+  char *arena;
   float *params, *grads, *master, *gradShard;
+  Collectives table;
+  float gradScale = 1.0f;
+  std::vector<std::optional<InFlight>> inFlight;
 };
 
 } // namespace
@@ -269,18 +352,30 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   auto region = [&](int64_t offset) {
     return reinterpret_cast<float *>(arena.get() + offset);
   };
-  float *params = region(plan.paramsOffset), *grads = region(plan.gradsOffset);
+  float *params = plan.paramsOffset >= 0 ? region(plan.paramsOffset) : nullptr;
+  float *grads = plan.gradsOffset >= 0 ? region(plan.gradsOffset) : nullptr;
   float *master = region(plan.masterOffset), *adamM = region(plan.adamMOffset),
         *adamV = region(plan.adamVOffset),
         *gradShard = region(plan.gradShardOffset);
   auto *tokens = reinterpret_cast<int64_t *>(arena.get() + plan.tokensOffset);
   auto *targets = reinterpret_cast<int64_t *>(arena.get() + plan.targetsOffset);
-  Zero1 zero(plan, comm, arena.get());
+  Zero zero(plan, comm, arena.get());
+  // The full weights, where the step reads them (ZeRO-1/2) or, for ZeRO-3,
+  // outside the arena while they are loaded and for --save-weights.
+  std::vector<float> fullOutside;
+  auto fullParams = [&]() {
+    if (params)
+      return params;
+    fullOutside.assign(plan.paramElements, 0.0f);
+    return fullOutside.data();
+  };
   // A resumed run takes its weights from the checkpoint instead.
   if (!opts.resume) {
-    if (Status s = loadParams(opts.weightsPath, plan, params); !s.ok())
+    float *full = fullParams();
+    if (Status s = loadParams(opts.weightsPath, plan, full); !s.ok())
       return Status::error("weights: " + s.message());
-    zero.shardParams();
+    zero.shardParams(full);
+    std::vector<float>().swap(fullOutside);
   }
 
   for (Status s : {checkOutputPath("metrics", opts.metricsPath),
@@ -330,7 +425,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                    restored->path.c_str(), (long long)m.step);
     firstStep = m.step;
     optimizerStep = m.optimizerStep;
-    zero.gatherParams();
+    if (params)
+      zero.gather(master, params);
   }
 
   std::optional<MetricsFile> metrics;
@@ -354,6 +450,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   // is a mean over its tokens, summed over gradAccum micro-batches and dp
   // ranks.
   const float gradScale = 1.0f / float(opts.gradAccum * dp);
+  zero.setGradScale(gradScale);
 
   using Clock = std::chrono::steady_clock;
   double totalSeconds = 0;
@@ -365,11 +462,14 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     Clock::time_point start = Clock::now();
     comm.setStep(s + 1);
     comm.resetBytes();
-    std::memset(grads, 0, plan.paramElements * sizeof(float));
+    if (plan.zeroStage == 1)
+      std::memset(grads, 0, plan.paramElements * sizeof(float));
+    else // the step's reduce-scatters accumulate into the shard
+      std::memset(gradShard, 0, shardElements(plan) * sizeof(float));
     double lossSum = 0;
     for (int64_t micro = 0; micro < opts.gradAccum; ++micro) {
       fillMicroBatch(*data, sampler, s, rank, micro, tokens, targets);
-      lossSum += step(arena.get());
+      lossSum += step(arena.get(), zero.collectives());
     }
     if (dp > 1) {
       // The step's loss is the mean over the global batch; summing the ranks'
@@ -385,15 +485,17 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       return errorf("loss is %s at step %lld (pass --allow-nonfinite to keep "
                     "training)",
                     std::isnan(loss) ? "NaN" : "infinite", (long long)(s + 1));
-    zero.reduceScatterGrads(gradScale);
+    if (plan.zeroStage == 1)
+      zero.reduceScatterGrads(gradScale);
     // The dump's gather is a diagnostic, not part of the step's traffic.
     int64_t dumpGatherBytes = 0;
     if (s == 0 && !opts.dumpGradsPath.empty()) {
       int64_t before = comm.bytes().allGather;
-      zero.gatherGrads();
+      std::vector<float> reduced(plan.paramElements);
+      zero.gather(gradShard, reduced.data());
       dumpGatherBytes = comm.bytes().allGather - before;
       if (leader)
-        if (Status st = saveParams(opts.dumpGradsPath, plan, grads,
+        if (Status st = saveParams(opts.dumpGradsPath, plan, reduced.data(),
                                    /*trainableOnly=*/true);
             !st.ok())
           return st;
@@ -406,7 +508,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       adamw.clipGradients(gradShard, gradNorm, opts.clipGradNorm);
     double lr = schedule.at(s);
     adamw.step(master, gradShard, adamM, adamV, lr, ++optimizerStep);
-    zero.gatherParams();
+    if (params) // ZeRO-3 gathers in the next step, stage by stage
+      zero.gather(master, params);
 
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
@@ -457,11 +560,18 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     }
   }
 
-  if (leader && !opts.saveWeightsPath.empty())
-    if (Status s = saveParams(opts.saveWeightsPath, plan, params,
-                              /*trainableOnly=*/false);
-        !s.ok())
-      return s;
+  if (!opts.saveWeightsPath.empty()) {
+    float *full = params;
+    if (!full) { // ZeRO-3: every rank takes part in the gather
+      full = fullParams();
+      zero.gather(master, full);
+    }
+    if (leader)
+      if (Status s = saveParams(opts.saveWeightsPath, plan, full,
+                                /*trainableOnly=*/false);
+          !s.ok())
+        return s;
+  }
   int64_t ran = opts.steps - firstStep;
   if (log && ran == 0)
     std::fprintf(log, "done: the checkpoint is at the last step, %lld\n",
@@ -471,16 +581,18 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                  formatDuration(totalSeconds).c_str(),
                  tokensPerStep * double(ran) / totalSeconds);
   if (log && commFirst) {
-    // ZeRO-1 moves every stage's full padded gradients through one
-    // reduce-scatter and its weights through one all-gather per step.
-    long long predicted = dp > 1 ? (long long)plan.paramElements * 4 : 0;
+    // The plan's figures, as the compiler proved the schedule.
+    long long reduce = plan.reduceScatterBytesPerStep +
+                       opts.gradAccum * plan.reduceScatterBytesPerMicroBatch;
+    long long gather = plan.allGatherBytesPerStep +
+                       opts.gradAccum * plan.allGatherBytesPerMicroBatch;
     std::fprintf(log,
-                 "communication per step%s: reduce-scatter %lld bytes (ZeRO-1 "
-                 "plan %lld), all-gather %lld bytes (plan %lld), all-reduce "
-                 "%lld bytes (the gradient norm)\n",
+                 "communication per step%s: reduce-scatter %lld bytes (plan "
+                 "%lld), all-gather %lld bytes (plan %lld), all-reduce %lld "
+                 "bytes (the gradient norm)\n",
                  commVaries ? " (first step; later steps differ)" : "",
-                 (long long)commFirst->reduceScatterBytes, predicted,
-                 (long long)commFirst->allGatherBytes, predicted,
+                 (long long)commFirst->reduceScatterBytes, reduce,
+                 (long long)commFirst->allGatherBytes, gather,
                  (long long)commFirst->allReduceBytes);
   }
   return Status();

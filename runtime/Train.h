@@ -1,11 +1,13 @@
 //===- Train.h - the training loop ------------------------------*- C++ -*-===//
 //
 // Drives the generated step function: data into the arena, forward and
-// backward per micro-batch, then ZeRO-1 (DESIGN.md section 3): every stage's
-// gradients are reduce-scattered into this rank's shard and averaged, the
-// global norm is summed over ranks, and clipping and AdamW update the rank's
-// shard of the fp32 master weights, which are all-gathered into the full
-// params the next step reads. The step function is a parameter so that tests
+// backward per micro-batch, then ZeRO (DESIGN.md section 3): every stage's
+// gradients are reduce-scattered into this rank's shard and averaged (by
+// the runtime once per step for ZeRO-1, by the step after each stage's
+// backward for ZeRO-2/3), the global norm is summed over ranks, and clipping
+// and AdamW update the rank's shard of the fp32 master weights, which are
+// all-gathered into the full params the next step reads (ZeRO-1/2) or by
+// the step itself, stage by stage (ZeRO-3). The step function is a parameter so that tests
 // can train a fake model with known gradients.
 //
 //===----------------------------------------------------------------------===//
@@ -23,8 +25,9 @@
 namespace fastllm::rt {
 
 /// fastllm_step's signature: forward+backward of the micro-batch in the
-/// arena, adding into its gradients and returning the micro-batch loss.
-using StepFunction = float (*)(char *arena);
+/// arena, adding into its gradients (ZeRO-1) or reducing them through
+/// `comm` (ZeRO-2/3), returning the micro-batch loss.
+using StepFunction = float (*)(char *arena, const Collectives *comm);
 
 /// The job must run as many ranks as the model was compiled for (--dp).
 Status checkWorldSize(const PlanInfo &plan, int worldSize);
@@ -37,7 +40,7 @@ Status checkWorldSize(const PlanInfo &plan, int worldSize);
 /// lines go to `log` unless it is null; warnings go to stderr.
 ///
 /// Each step's metrics line carries the bytes its collectives moved (see
-/// StepRecord); rank 0's log ends with them next to ZeRO-1's prediction.
+/// StepRecord); rank 0's log ends with them next to the plan's prediction.
 ///
 /// Resume is bit-exact: a checkpoint holds each rank's shards of the master
 /// weights and of AdamW's m and v, AdamW's step count, and the step; everything else a step depends on is a function

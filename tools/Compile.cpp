@@ -58,27 +58,30 @@ static bool writeFile(StringRef path, StringRef text) {
 struct Report {
   int64_t weights, grads, master, optimizer, gradShard, inputs, activations,
       total;
-  int64_t reduceScatter, allGather; ///< bytes per step, full buffer counted
   int64_t allReduce; ///< the global gradient norm (one double)
 };
 
 static Report makeReport(const fastllm::MemoryPlan &plan) {
   int64_t full = plan.paramElements * 4;
   int64_t shard = plan.paramElements / plan.dataParallel * 4;
-  bool dp = plan.dataParallel > 1;
-  // ZeRO-1: one reduce-scatter of every stage's gradients and one
-  // all-gather of the updated weights per step.
-  return {full,
-          full,
+  // ZeRO-3 holds weight slots instead of the full weights, ZeRO-2/3
+  // gradient slots (and their reduce-scatters' receive shards) instead of
+  // the full gradients.
+  int64_t weights = plan.paramsOffset >= 0 ? full : 0;
+  for (int64_t e : plan.weightSlotElements)
+    weights += e * 4;
+  int64_t grads = plan.gradsOffset >= 0 ? full : 0;
+  for (int64_t e : plan.gradSlotElements)
+    grads += e * 4;
+  return {weights,
+          grads,
           shard,
           2 * shard,
           shard,
           plan.activationsOffset - plan.tokensOffset,
           plan.activationsBytes,
           plan.arenaBytes,
-          dp ? full : 0,
-          dp ? full : 0,
-          dp ? 8 : 0};
+          plan.dataParallel > 1 ? 8 : 0};
 }
 
 static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
@@ -97,8 +100,18 @@ static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
         {"trainable", !p.getFrozen()}});
   }
   json::Array stages;
-  for (auto [offset, elements] : llvm::zip(plan.stageOffsets, plan.stageElements))
-    stages.push_back(json::Object{{"offset", offset}, {"elements", elements}});
+  for (int64_t k = 0; k < plan.numStages(); ++k)
+    stages.push_back(json::Object{{"offset", plan.stageOffsets[k]},
+                                  {"elements", plan.stageElements[k]},
+                                  {"grad_slot", plan.stageGradSlot[k]},
+                                  {"weight_slot", plan.stageWeightSlot[k]},
+                                  {"tie_slot", plan.stageTieSlot[k]}});
+  auto slots = [](ArrayRef<int64_t> offsets, ArrayRef<int64_t> elements) {
+    json::Array a;
+    for (auto [o, e] : llvm::zip(offsets, elements))
+      a.push_back(json::Object{{"offset", o}, {"elements", e}});
+    return a;
+  };
   Report r = makeReport(plan);
   json::Object root{
       {"target", "cpu"},
@@ -107,6 +120,8 @@ static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
       {"batch_size", batch},
       {"seq_len", seq},
       {"stages", std::move(stages)},
+      {"grad_slots", slots(plan.gradSlotOffsets, plan.gradSlotElements)},
+      {"weight_slots", slots(plan.weightSlotOffsets, plan.weightSlotElements)},
       {"params", std::move(params)},
       {"memory_per_rank",
        json::Object{{"weight_buffers_bytes", r.weights},
@@ -130,10 +145,14 @@ static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
                     {"tokens_offset", plan.tokensOffset},
                     {"targets_offset", plan.targetsOffset},
                     {"activations_offset", plan.activationsOffset}}},
-      {"communication_bytes_per_step",
-       json::Object{{"reduce_scatter", r.reduceScatter},
-                    {"all_gather", r.allGather},
-                    {"all_reduce", r.allReduce}}}};
+      {"communication_bytes",
+       json::Object{
+           {"per_step", json::Object{{"reduce_scatter", plan.reduceScatterBytesPerStep},
+                                     {"all_gather", plan.allGatherBytesPerStep},
+                                     {"all_reduce", r.allReduce}}},
+           {"per_micro_batch",
+            json::Object{{"reduce_scatter", plan.reduceScatterBytesPerMicroBatch},
+                         {"all_gather", plan.allGatherBytesPerMicroBatch}}}}}};
   std::string text;
   raw_string_ostream os(text);
   os << formatv("{0:2}", json::Value(std::move(root))) << "\n";
@@ -143,20 +162,43 @@ static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
 static void printReport(const fastllm::MemoryPlan &plan, raw_ostream &os) {
   auto mib = [](int64_t bytes) { return format("%10.2f MiB", bytes / 1048576.0); };
   Report r = makeReport(plan);
+  auto count = [](size_t n, StringRef what) {
+    return std::to_string(n) + " " + what.str() + (n == 1 ? "" : "s");
+  };
+  std::string weightsWhat =
+      plan.zeroStage == 3
+          ? count(plan.weightSlotElements.size(), "slot")
+          : "one per stage";
+  std::string gradsWhat =
+      plan.zeroStage >= 2 ? count(plan.gradSlotElements.size(), "slot")
+                          : "one per stage";
   os << "memory plan per rank (dp = " << plan.dataParallel << ", ZeRO-"
-     << plan.zeroStage << ", " << plan.stageOffsets.size() << " stages)\n"
-     << "  weight buffers (fp32)         " << mib(r.weights) << "\n"
-     << "  gradient buffers (fp32)       " << mib(r.grads) << "\n"
+     << plan.zeroStage << ", " << plan.numStages() << " stages)\n"
+     << "  weight buffers (fp32)         " << mib(r.weights) << "   ("
+     << weightsWhat << ")\n"
+     << "  gradient buffers (fp32)       " << mib(r.grads) << "   ("
+     << gradsWhat << ")\n"
      << "  master weights shard (fp32)   " << mib(r.master) << "\n"
      << "  optimizer shard (AdamW m, v)  " << mib(r.optimizer) << "\n"
      << "  gradient shard (fp32)         " << mib(r.gradShard) << "\n"
      << "  tokens + targets              " << mib(r.inputs) << "\n"
      << "  activations (peak)            " << mib(r.activations) << "   ("
      << mib(plan.activationsUnsharedBytes) << " if nothing were shared)\n"
-     << "  total arena                   " << mib(r.total) << "\n"
-     << "communication per step and rank: reduce-scatter " << r.reduceScatter
-     << " B, all-gather " << r.allGather << " B, all-reduce " << r.allReduce
-     << " B\n";
+     << "  total arena                   " << mib(r.total) << "\n";
+  os << "stages (elements, padded to dp * 32; slots: gradient / weight / tie)\n";
+  auto slot = [](int64_t s) { return s < 0 ? std::string("-") : std::to_string(s); };
+  for (int64_t k = 0; k < plan.numStages(); ++k)
+    os << format("  stage %-3lld %12lld", (long long)k,
+                 (long long)plan.stageElements[k])
+       << "   " << slot(plan.stageGradSlot[k]) << " / "
+       << slot(plan.stageWeightSlot[k]) << " / " << slot(plan.stageTieSlot[k])
+       << "\n";
+  os << "communication per rank: reduce-scatter "
+     << plan.reduceScatterBytesPerStep << " B per step + "
+     << plan.reduceScatterBytesPerMicroBatch
+     << " B per micro-batch, all-gather " << plan.allGatherBytesPerStep
+     << " B per step + " << plan.allGatherBytesPerMicroBatch
+     << " B per micro-batch, all-reduce " << r.allReduce << " B per step\n";
 }
 
 /// Compiles and links the training binary; the compiler's output goes to
@@ -219,9 +261,21 @@ int fastllm::compileMain(int argc, char **argv) {
                               cl::init("cpu"), cl::cat(category));
   cl::opt<int64_t> dp("dp", cl::desc("Data-parallel ranks (mpirun -np N)"),
                       cl::init(1), cl::cat(category));
-  cl::opt<int64_t> zeroStage("zero-stage",
-                             cl::desc("ZeRO stage: 1 (2 and 3 not yet)"),
-                             cl::init(1), cl::cat(category));
+  cl::opt<int64_t> zeroStage(
+      "zero-stage",
+      cl::desc("ZeRO stage: 1 (shard the optimizer state), 2 (+ gradients), "
+               "3 (+ weights)"),
+      cl::init(1), cl::cat(category));
+  cl::opt<int64_t> numGradBuffers(
+      "num-grad-buffers",
+      cl::desc("Gradient buffers shared round-robin by the stages (ZeRO-2/3; "
+               "default 2)"),
+      cl::init(-1), cl::cat(category));
+  cl::opt<int64_t> numWeightBuffers(
+      "num-weight-buffers",
+      cl::desc("Weight buffers shared round-robin by the stages (ZeRO-3; "
+               "default 2)"),
+      cl::init(-1), cl::cat(category));
   cl::opt<double> layersPerStage(
       "layers-per-stage",
       cl::desc("Layers per stage (the unit of sharding); fractions allowed"),
@@ -262,10 +316,22 @@ int fastllm::compileMain(int argc, char **argv) {
     compileError() << "--zero-stage must be 1, 2 or 3, got " << zeroStage << "\n";
     return 1;
   }
-  if (zeroStage != 1) {
-    compileError() << "--zero-stage " << zeroStage
-                   << " is not implemented yet (supported: 1)\n";
-    return 1;
+  for (auto [flag, value, minStage] :
+       {std::tuple{"num-grad-buffers", &numGradBuffers, 2},
+        std::tuple{"num-weight-buffers", &numWeightBuffers, 3}}) {
+    if (value->getNumOccurrences() == 0)
+      continue;
+    if (*value < 1) {
+      compileError() << "--" << flag << " must be at least 1, got " << *value
+                     << "\n";
+      return 1;
+    }
+    if (zeroStage < minStage) {
+      compileError() << "--" << flag << " applies to ZeRO-" << minStage
+                     << (minStage == 2 ? " and 3" : "") << "; --zero-stage is "
+                     << zeroStage << "\n";
+      return 1;
+    }
   }
   if (!(layersPerStage > 0)) {
     compileError() << "--layers-per-stage must be positive, got "
@@ -329,6 +395,8 @@ int fastllm::compileMain(int argc, char **argv) {
   pipeline.layersPerStage = layersPerStage.getValue();
   pipeline.dp = dp.getValue();
   pipeline.zeroStage = zeroStage.getValue();
+  pipeline.numGradBuffers = numGradBuffers.getValue();
+  pipeline.numWeightBuffers = numWeightBuffers.getValue();
   fastllm::buildCpuTrainingPipeline(pm, pipeline);
   if (failed(pm.run(*module)))
     return 1;

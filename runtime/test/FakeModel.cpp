@@ -45,8 +45,8 @@ void fake::setShape(int64_t batch, int64_t seq, int64_t dp) {
   params[0].offset = l.embed;
   params[1].offset = l.bias;
   params[2].offset = l.code;
-  stages[0] = {0, l.stage1};
-  stages[1] = {l.stage1, l.paramElements - l.stage1};
+  stages[0] = {0, l.stage1, -1, -1};
+  stages[1] = {l.stage1, l.paramElements - l.stage1, -1, -1};
 
   plan = PlanInfo();
   plan.abiVersion = kAbiVersion;
@@ -82,6 +82,9 @@ void fake::setShape(int64_t batch, int64_t seq, int64_t dp) {
   plan.activationsBytes = 0;
   plan.activationsUnsharedBytes = 0;
   plan.arenaBytes = plan.activationsOffset;
+  // ZeRO-1: one reduce-scatter and one all-gather of the whole layout.
+  plan.reduceScatterBytesPerStep = dp > 1 ? l.paramElements * 4 : 0;
+  plan.allGatherBytesPerStep = plan.reduceScatterBytesPerStep;
 }
 
 int64_t fake::takePaddingViolations() {
@@ -92,7 +95,7 @@ int64_t fake::takePaddingViolations() {
 
 extern "C" const PlanInfo *fastllm_plan() { return &plan; }
 
-extern "C" float fastllm_step(char *arena) {
+extern "C" float fastllm_step(char *arena, const Collectives *) {
   const float *p = reinterpret_cast<const float *>(arena + plan.paramsOffset);
   float *g = reinterpret_cast<float *>(arena + plan.gradsOffset);
   const int64_t *tokens =

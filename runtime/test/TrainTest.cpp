@@ -336,9 +336,11 @@ TEST_F(TrainTest, RejectsBadInputsBeforeWriting) {
   PlanInfo old = plan();
   old.abiVersion = kAbiVersion + 1;
   Status s = train(old, fastllm_step, good, testComm(), nullptr);
-  EXPECT_EQ(s.message(), "the model was compiled for runtime ABI 3 but this "
-                         "runtime is ABI 2; recompile it with this "
-                         "fastllm-opt");
+  EXPECT_EQ(s.message(), "the model was compiled for runtime ABI " +
+                             std::to_string(kAbiVersion + 1) +
+                             " but this runtime is ABI " +
+                             std::to_string(kAbiVersion) +
+                             "; recompile it with this fastllm-opt");
   PlanInfo broken = plan();
   broken.targetsOffset = broken.arenaBytes - 8;
   EXPECT_NE(validatePlan(broken).message().find("targets region"),
@@ -517,11 +519,16 @@ TEST_F(TrainTest, ValidationRejectsCorruptPlans) {
   using P = PlanInfo &;
   using S = StageInfo *;
   using A = ParamInfo *;
+  // A ZeRO-1 layout labelled ZeRO-2/3 has full arrays it must not have and
+  // no slots.
   check("zero stage 2", [](P p, S, A) { p.zeroStage = 2; },
-        "the model was compiled for ZeRO stage 2, which is not supported by "
-        "this runtime yet; compile it with --zero-stage 1");
+        "ZeRO-2 must have full weights and must not have full gradients");
   check("zero stage 3", [](P p, S, A) { p.zeroStage = 3; },
-        "ZeRO stage 3, which is not supported by this runtime yet");
+        "ZeRO-3 must not have full weights and must not have full gradients");
+  check("zero-2 without slots", [](P p, S, A) {
+    p.zeroStage = 2;
+    p.gradsOffset = -1;
+  }, "the slot tables do not fit ZeRO-2");
   check("zero stage 0", [](P p, S, A) { p.zeroStage = 0; },
         "invalid model plan: zero stage 0 is not 1, 2 or 3");
   check("dp 0", [](P p, S, A) { p.dataParallel = 0; },

@@ -43,7 +43,7 @@ model.parameter @p : tensor<3x4xf32>
 // CHECK-LABEL: func.func @train_step
 // CHECK-NOT: model.pow %{{.*}} : tensor<3x4xf32>, tensor<f32> -> tensor<3x4xf32>{{.*}}accumulate
 // CHECK: %[[GX:.*]] = model.mul %{{.*}}, %[[P:.*]] : tensor<3x4xf32>, tensor<3x4xf32>
-// CHECK: model.constant dense<2.000000e+00>
+// CHECK: model.constant {model.backward} dense<2.000000e+00>
 // CHECK: %[[D:.*]] = model.mul %[[GX]], %{{.*}} : tensor<3x4xf32>, tensor<f32>
 // CHECK: model.accumulate_grad @p, %[[D]]
 func.func @forward() -> tensor<f32> {
@@ -61,7 +61,7 @@ model.parameter @p : tensor<3x4xf32>
 // is a reshape back.
 // CHECK-LABEL: func.func @train_step
 // CHECK: %[[R:.*]] = model.reshape %{{.*}} : tensor<2x6xf32> -> tensor<4x3xf32>
-// CHECK: %[[T:.*]] = model.transpose %[[R]] [1, 0] : tensor<4x3xf32> -> tensor<3x4xf32>
+// CHECK: %[[T:.*]] = model.transpose %[[R]] [1, 0] {model.backward} : tensor<4x3xf32> -> tensor<3x4xf32>
 // CHECK: model.accumulate_grad @p, %[[T]]
 func.func @forward() -> tensor<f32> {
   %p = model.get_parameter @p : tensor<3x4xf32>
@@ -78,16 +78,16 @@ model.parameter @p : tensor<3x4xf32>
 // Tests that slice's gradient places the result gradient back with
 // slice_grad, and that concat's slices it apart again.
 // CHECK-LABEL: func.func @train_step
-// CHECK: %[[S:.*]] = model.slice_grad %{{.*}} start [0, 1] limit [3, 4] stride [1, 2] : tensor<3x2xf32> -> tensor<3x4xf32>
-// CHECK: %[[A:.*]] = model.slice %{{.*}} start [0, 0] limit [3, 4] stride [1, 1] : tensor<3x8xf32> -> tensor<3x4xf32>
-// CHECK: %[[B:.*]] = model.slice %{{.*}} start [0, 4] limit [3, 8] stride [1, 1] : tensor<3x8xf32> -> tensor<3x4xf32>
+// CHECK: %[[S:.*]] = model.slice_grad %{{.*}} start [0, 1] limit [3, 4] stride [1, 2] {model.backward} : tensor<3x2xf32> -> tensor<3x4xf32>
+// CHECK: %[[A:.*]] = model.slice %{{.*}} start [0, 0] limit [3, 4] stride [1, 1] {model.backward} : tensor<3x8xf32> -> tensor<3x4xf32>
+// CHECK: %[[B:.*]] = model.slice %{{.*}} start [0, 4] limit [3, 8] stride [1, 1] {model.backward} : tensor<3x8xf32> -> tensor<3x4xf32>
 // CHECK: %[[SA:.*]] = model.add %[[S]], %[[A]]
 // CHECK: %[[D:.*]] = model.add %[[SA]], %[[B]]
 // CHECK: model.accumulate_grad @p, %[[D]]
 func.func @forward() -> tensor<f32> {
-  %p = model.get_parameter @p : tensor<3x4xf32>
+  %p = model.get_parameter @p {model.backward} : tensor<3x4xf32>
   %c = model.concat %p, %p dim 1 : (tensor<3x4xf32>, tensor<3x4xf32>) -> tensor<3x8xf32>
-  %s = model.slice %p start [0, 1] limit [3, 4] stride [1, 2] : tensor<3x4xf32> -> tensor<3x2xf32>
+  %s = model.slice %p start [0, 1] limit [3, 4] stride [1, 2] {model.backward} : tensor<3x4xf32> -> tensor<3x2xf32>
   %l1 = model.reduce_sum %c dims [0, 1] : tensor<3x8xf32> -> tensor<f32>
   %l2 = model.reduce_sum %s dims [0, 1] : tensor<3x2xf32> -> tensor<f32>
   %l = model.add %l1, %l2 : tensor<f32>, tensor<f32> -> tensor<f32>
@@ -100,8 +100,8 @@ model.parameter @p : tensor<3x4xf32>
 // Tests that split's gradient concatenates the pieces' gradients, with
 // zeros for a piece that does not reach the loss.
 // CHECK-LABEL: func.func @train_step
-// CHECK: %[[Z:.*]] = model.constant dense<0.000000e+00> : tensor<3x3xf32>
-// CHECK: %[[C:.*]] = model.concat %{{.*}}, %[[Z]] dim 1 : (tensor<3x1xf32>, tensor<3x3xf32>) -> tensor<3x4xf32>
+// CHECK: %[[Z:.*]] = model.constant {model.backward} dense<0.000000e+00> : tensor<3x3xf32>
+// CHECK: %[[C:.*]] = model.concat %{{.*}}, %[[Z]] dim 1 {model.backward} : (tensor<3x1xf32>, tensor<3x3xf32>) -> tensor<3x4xf32>
 // CHECK: model.accumulate_grad @p, %[[C]]
 func.func @forward() -> tensor<f32> {
   %p = model.get_parameter @p : tensor<3x4xf32>

@@ -17,9 +17,9 @@ func.func @forward(%x: tensor<2x4xf32>) -> tensor<f32> {
   // CHECK: %[[L:.*]] = model.reduce_sum %[[Y]] dims [0, 1]
   %l = model.reduce_sum %y dims [0, 1] : tensor<2x4xf32> -> tensor<f32>
   // The seed, d(loss)/d(loss) = 1, broadcast back over the reduced dims.
-  // CHECK: %[[ONE:.*]] = model.constant dense<1.000000e+00> : tensor<f32>
-  // CHECK: %[[G0:.*]] = model.reshape %[[ONE]] : tensor<f32> -> tensor<1x1xf32>
-  // CHECK: %[[GY:.*]] = model.broadcast %[[G0]] : tensor<1x1xf32> -> tensor<2x4xf32>
+  // CHECK: %[[ONE:.*]] = model.constant {model.backward} dense<1.000000e+00> : tensor<f32>
+  // CHECK: %[[G0:.*]] = model.reshape %[[ONE]] {model.backward} : tensor<f32> -> tensor<1x1xf32>
+  // CHECK: %[[GY:.*]] = model.broadcast %[[G0]] {model.backward} : tensor<1x1xf32> -> tensor<2x4xf32>
   // Second matmul: dH = dY W^T, dW2 = H^T dY.
   // CHECK: %[[WT:.*]] = model.transpose %[[W]] [1, 0]
   // CHECK: %[[GH:.*]] = model.matmul %[[GY]], %[[WT]]
@@ -29,7 +29,7 @@ func.func @forward(%x: tensor<2x4xf32>) -> tensor<f32> {
   // CHECK: %[[XT:.*]] = model.transpose %[[X]] [1, 0]
   // CHECK: %[[GW1:.*]] = model.matmul %[[XT]], %[[GH]]
   // CHECK: %[[GW:.*]] = model.add %[[GW2]], %[[GW1]]
-  // CHECK: model.accumulate_grad @w, %[[GW]] : tensor<4x4xf32>
+  // CHECK: model.accumulate_grad @w, %[[GW]] {model.backward} : tensor<4x4xf32>
   // CHECK-NOT: accumulate_grad
   // CHECK: return %[[L]] : tensor<f32>
   return %l : tensor<f32>
@@ -49,11 +49,11 @@ func.func @forward(%x: tensor<2x4xf32>) -> tensor<f32> {
   %e = model.exp %y : tensor<2x4xf32>
   %l = model.reduce_mean %e dims [0, 1] : tensor<2x4xf32> -> tensor<f32>
   // CHECK: %[[E:.*]] = model.exp
-  // CHECK: model.constant dense<1.250000e-01>
+  // CHECK: model.constant {model.backward} dense<1.250000e-01>
   // CHECK: %[[GE:.*]] = model.broadcast
   // CHECK: %[[GY:.*]] = model.mul %[[GE]], %[[E]]
-  // CHECK: %[[GB:.*]] = model.reduce_sum %[[GY]] dims [0] : tensor<2x4xf32> -> tensor<4xf32>
-  // CHECK: model.accumulate_grad @b, %[[GB]] : tensor<4xf32>
+  // CHECK: %[[GB:.*]] = model.reduce_sum %[[GY]] dims [0] {model.backward} : tensor<2x4xf32> -> tensor<4xf32>
+  // CHECK: model.accumulate_grad @b, %[[GB]] {model.backward} : tensor<4xf32>
   return %l : tensor<f32>
 }
 
@@ -75,7 +75,7 @@ func.func @forward(%tok: tensor<2x3xi64>, %tgt: tensor<2x3xi64>) -> tensor<f32> 
   %l = model.cross_entropy %logits, %tgt ignore_index -100 reduction mean : tensor<2x3x16xf32>, tensor<2x3xi64> -> tensor<f32>
   // CHECK: %[[DL:.*]] = model.cross_entropy_grad %{{.*}}, %{{.*}}, %{{.*}} ignore_index -100 reduction mean
   // CHECK: %[[DX:.*]], %[[DG:.*]], %{{.*}} = model.layer_norm_grad
-  // CHECK: %[[DE:.*]] = model.gather_grad %[[DX]] at %{{.*}} dim 0 : tensor<2x3x8xf32>, tensor<2x3xi64> -> tensor<16x8xf32>
+  // CHECK: %[[DE:.*]] = model.gather_grad %[[DX]] at %{{.*}} dim 0 {model.backward} : tensor<2x3x8xf32>, tensor<2x3xi64> -> tensor<16x8xf32>
   // The head's and the embedding's gradients of the tied weight add up.
   // CHECK: %[[DW:.*]] = model.add %{{.*}}, %[[DE]]
   // CHECK: model.accumulate_grad @g, %[[DG]]

@@ -1,4 +1,4 @@
-// RUN: fastllm-opt %s --fastllm-plan-memory | FileCheck %s
+// RUN: fastllm-opt %s --fastllm-zero-layout --fastllm-plan-memory | FileCheck %s
 
 // Tests that buffers whose lifetimes do not overlap share an offset, that
 // overlapping ones never do, that a reshape aliases its input, and that the
@@ -9,13 +9,23 @@
 // full weight and gradient arrays, then four 128 B shards (dp = 1), the
 // token and target regions (2x4 i64 = 64 B each), then the activations.
 // CHECK: plan.memory = {activations_bytes = 1024 : i64, activations_offset = 896 : i64,
-// CHECK-SAME: activations_unshared_bytes = 1152 : i64, adam_m_offset = 384 : i64,
-// CHECK-SAME: adam_v_offset = 512 : i64, arena_bytes = 1920 : i64, data_parallel = 1 : i64,
-// CHECK-SAME: grad_shard_offset = 640 : i64, grads_offset = 128 : i64, master_offset = 256 : i64,
-// CHECK-SAME: param_elements = 32 : i64, params_offset = 0 : i64,
-// CHECK-SAME: stage_elements = array<i64: 32>, stage_offsets = array<i64: 0>,
-// CHECK-SAME: targets_arg = 1 : i64, targets_offset = 832 : i64, tokens_arg = 0 : i64,
-// CHECK-SAME: tokens_offset = 768 : i64, zero_stage = 1 : i64}
+// CHECK-SAME: activations_unshared_bytes = 1152 : i64
+// CHECK-SAME: adam_m_offset = 384 : i64
+// CHECK-SAME: adam_v_offset = 512 : i64
+// CHECK-SAME: arena_bytes = 1920 : i64
+// CHECK-SAME: data_parallel = 1 : i64
+// CHECK-SAME: grad_shard_offset = 640 : i64
+// CHECK-SAME: grads_offset = 128 : i64
+// CHECK-SAME: master_offset = 256 : i64
+// CHECK-SAME: param_elements = 32 : i64
+// CHECK-SAME: params_offset = 0 : i64
+// CHECK-SAME: stage_elements = array<i64: 32>
+// CHECK-SAME: stage_offsets = array<i64: 0>
+// CHECK-SAME: targets_arg = 1 : i64
+// CHECK-SAME: targets_offset = 832 : i64
+// CHECK-SAME: tokens_arg = 0 : i64
+// CHECK-SAME: tokens_offset = 768 : i64
+// CHECK-SAME: zero_stage = 1 : i64}
 // CHECK: model.parameter @w {{.*}} {plan.offset = 0 : i64}
 model.parameter @w : tensor<4xf32>
 func.func @train_step(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f32> {

@@ -1,0 +1,41 @@
+//===- Zero.h - stages, phases and slots of the training step ---*- C++ -*-===//
+//
+// The attributes the distributed plan lives in (DESIGN.md section 3):
+//   model.stage     op or parameter: the stage it belongs to
+//   model.backward  op of @train_step: built by autodiff (the backward phase)
+//   plan.slot       ZeRO-3 model.get_parameter: the weight slot it reads;
+//                   ZeRO-2/3 model.accumulate_grad: the gradient slot it adds
+//                   into
+// fastllm-zero-layout sets them, fastllm-zero-collectives schedules the
+// collectives from them and fastllm-verify-collectives checks the result.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_PASSES_ZERO_H
+#define FASTLLM_PASSES_ZERO_H
+
+#include "mlir/IR/Operation.h"
+
+namespace mlir::fastllm {
+
+constexpr llvm::StringLiteral kStageAttr = "model.stage";
+constexpr llvm::StringLiteral kBackwardAttr = "model.backward";
+constexpr llvm::StringLiteral kSlotAttr = "plan.slot";
+
+/// The op's model.stage, or -1 when it has none.
+inline int64_t stageOf(Operation *op) {
+  auto a = op->getAttrOfType<IntegerAttr>(kStageAttr);
+  return a ? a.getInt() : -1;
+}
+
+inline bool isBackward(Operation *op) { return op->hasAttr(kBackwardAttr); }
+
+/// The op's plan.slot, or -1 when it has none.
+inline int64_t slotOf(Operation *op) {
+  auto a = op->getAttrOfType<IntegerAttr>(kSlotAttr);
+  return a ? a.getInt() : -1;
+}
+
+} // namespace mlir::fastllm
+
+#endif // FASTLLM_PASSES_ZERO_H

@@ -1,0 +1,274 @@
+//===- ZeroLayout.cpp - stage layout and buffer slots (ZeRO step 1) -------===//
+//
+// Decides where every parameter lives and which buffers the stages use
+// (DESIGN.md section 3), before any collective is placed:
+//  - the flat layout: parameters grouped by stage, each tensor aligned, each
+//    stage padded to a multiple of dp * 32 elements (dp equal shards);
+//  - slots: ZeRO-2 and 3 share num-grad-buffers gradient slots, ZeRO-3
+//    num-weight-buffers weight slots, round-robin over the stages that have
+//    parameters, each slot sized for the largest stage it serves; ZeRO-3 gives
+//    a stage whose parameter a later stage reads (a tied embedding read by
+//    the head) a tie slot of its own, gathered once per micro-batch;
+//  - the step's ops: every op of @train_step gets a stage (autodiff's sums
+//    and accumulations take the stage of what follows them or of their
+//    parameter), and a ZeRO-2/3 step must run the stages in order forward
+//    and in reverse order backward; ZeRO-3 gives each stage that reads a
+//    parameter its own model.get_parameter, so each read names its slot.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/MemoryPlan.h"
+#include "passes/Passes.h"
+#include "passes/Zero.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/Support/MathExtras.h"
+
+#include <map>
+#include <numeric>
+
+namespace mlir::fastllm {
+#define GEN_PASS_DEF_ZEROLAYOUTPASS
+#include "passes/Passes.h.inc"
+} // namespace mlir::fastllm
+
+using namespace mlir;
+using namespace mlir::fastllm;
+using namespace mlir::fastllm::model;
+
+namespace {
+struct ZeroLayoutPass : fastllm::impl::ZeroLayoutPassBase<ZeroLayoutPass> {
+  using ZeroLayoutPassBase::ZeroLayoutPassBase;
+  void runOnOperation() override;
+
+private:
+  LogicalResult validateOptions(ModuleOp module);
+  void layOutParameters(ModuleOp module, MemoryPlan &plan);
+  LogicalResult assignStages(func::FuncOp step, SymbolTable &symbols);
+  void assignSlots(MemoryPlan &plan, int64_t numGrad, int64_t numWeight);
+  void splitParameterReads(func::FuncOp step, SymbolTable &symbols,
+                           MemoryPlan &plan);
+};
+} // namespace
+
+LogicalResult ZeroLayoutPass::validateOptions(ModuleOp module) {
+  auto fail = [&](const Twine &msg) {
+    module.emitError(msg);
+    return failure();
+  };
+  if (dp < 1)
+    return fail("dp must be at least 1, got " + Twine(dp.getValue()));
+  if (zeroStage < 1 || zeroStage > 3)
+    return fail("zero-stage must be 1, 2 or 3, got " +
+                Twine(zeroStage.getValue()));
+  if (alignment <= 0 || !llvm::isPowerOf2_64(alignment) || alignment % 4)
+    return fail("alignment must be a power of two of at least 4 bytes, got " +
+                Twine(alignment.getValue()));
+  // -1 is the option's "not given": the ZeRO stage's default.
+  for (auto [name, value] : {std::pair{"num-grad-buffers", numGradBuffers.getValue()},
+                             std::pair{"num-weight-buffers", numWeightBuffers.getValue()}})
+    if (value != -1 && value < 1)
+      return fail(Twine(name) + " must be at least 1, got " + Twine(value));
+  if (numGradBuffers != -1 && zeroStage == 1)
+    return fail("num-grad-buffers applies to ZeRO-2 and 3; ZeRO-1 keeps one "
+                "gradient buffer per stage for the whole step");
+  if (numWeightBuffers != -1 && zeroStage != 3)
+    return fail("num-weight-buffers applies to ZeRO-3; ZeRO-" +
+                Twine(zeroStage.getValue()) +
+                " keeps one weight buffer per stage");
+  return success();
+}
+
+/// One flat fp32 array ordered by stage, each tensor aligned, each stage
+/// padded to a multiple of dp * 32 elements so it splits into equal shards.
+void ZeroLayoutPass::layOutParameters(ModuleOp module, MemoryPlan &plan) {
+  Builder b(module.getContext());
+  int64_t elemAlign = alignment / 4;
+  std::map<int64_t, SmallVector<ParameterOp>> byStage;
+  for (auto param : module.getOps<ParameterOp>())
+    byStage[std::max<int64_t>(stageOf(param), 0)].push_back(param);
+  int64_t numStages = byStage.empty() ? 0 : byStage.rbegin()->first + 1;
+  int64_t stageAlign = std::lcm<int64_t>(dp * 32, elemAlign);
+  for (int64_t stage = 0; stage < numStages; ++stage) {
+    int64_t start = plan.paramElements;
+    for (ParameterOp param : byStage[stage]) {
+      param->setAttr(kParamOffsetAttr, b.getI64IntegerAttr(plan.paramElements));
+      plan.paramElements +=
+          llvm::alignTo(param.getTensorType().getNumElements(), elemAlign);
+    }
+    plan.paramElements = llvm::alignTo(plan.paramElements, stageAlign);
+    plan.stageOffsets.push_back(start);
+    plan.stageElements.push_back(plan.paramElements - start);
+  }
+}
+
+/// Every op gets a stage: accumulations take their parameter's, other
+/// untagged ops (autodiff's sums of several uses' gradients) the stage of
+/// the next tagged op, else of the previous one. ZeRO-2/3 then need the
+/// stages in order: forward ascending, backward descending.
+LogicalResult ZeroLayoutPass::assignStages(func::FuncOp step,
+                                           SymbolTable &symbols) {
+  Builder b(step.getContext());
+  Block &body = step.getBody().front();
+  for (auto acc : body.getOps<AccumulateGradOp>())
+    if (auto param = symbols.lookup<ParameterOp>(acc.getName()))
+      acc->setAttr(kStageAttr, b.getI64IntegerAttr(std::max<int64_t>(stageOf(param), 0)));
+  int64_t next = -1;
+  for (Operation &op : llvm::reverse(body.without_terminator())) {
+    if (stageOf(&op) >= 0)
+      next = stageOf(&op);
+    else if (next >= 0)
+      op.setAttr(kStageAttr, b.getI64IntegerAttr(next));
+  }
+  int64_t prev = 0;
+  for (Operation &op : body.without_terminator()) {
+    if (stageOf(&op) < 0)
+      op.setAttr(kStageAttr, b.getI64IntegerAttr(prev));
+    prev = stageOf(&op);
+  }
+  // Parameter reads are placed by their users (they are views), so only
+  // computing ops are checked.
+  int64_t lastForward = 0, lastBackward = INT64_MAX;
+  bool inBackward = false;
+  for (Operation &op : body.without_terminator()) {
+    if (isa<GetParameterOp, ConstantOp>(op))
+      continue;
+    int64_t s = stageOf(&op);
+    if (isBackward(&op)) {
+      inBackward = true;
+      if (s > lastBackward)
+        return op.emitOpError("is in the backward of stage ")
+               << s << " after the backward of stage " << lastBackward
+               << "; ZeRO-" << zeroStage.getValue()
+               << " needs the backward to run the stages in reverse order";
+      lastBackward = s;
+    } else {
+      if (inBackward)
+        return op.emitOpError("is a forward op after the backward started; "
+                              "ZeRO-")
+               << zeroStage.getValue() << " needs the forward first";
+      if (s < lastForward)
+        return op.emitOpError("is in the forward of stage ")
+               << s << " after the forward of stage " << lastForward
+               << "; ZeRO-" << zeroStage.getValue()
+               << " needs the forward to run the stages in order";
+      lastForward = s;
+    }
+  }
+  return success();
+}
+
+/// Round-robin over the stages that have parameters: the i-th such stage
+/// uses gradient slot i % numGrad and weight slot i % numWeight.
+void ZeroLayoutPass::assignSlots(MemoryPlan &plan, int64_t numGrad,
+                                 int64_t numWeight) {
+  int64_t numStages = plan.numStages();
+  plan.stageGradSlot.assign(numStages, -1);
+  plan.stageWeightSlot.assign(numStages, -1);
+  plan.stageTieSlot.assign(numStages, -1);
+  if (zeroStage == 1)
+    return;
+  int64_t used = 0;
+  for (int64_t s = 0; s < numStages; ++s) {
+    if (!plan.stageElements[s])
+      continue;
+    auto assign = [&](int64_t slot, SmallVector<int64_t> &elements) {
+      if (slot >= int64_t(elements.size()))
+        elements.resize(slot + 1, 0);
+      elements[slot] = std::max(elements[slot], plan.stageElements[s]);
+      return slot;
+    };
+    plan.stageGradSlot[s] = assign(used % numGrad, plan.gradSlotElements);
+    if (zeroStage == 3)
+      plan.stageWeightSlot[s] = assign(used % numWeight, plan.weightSlotElements);
+    ++used;
+  }
+}
+
+/// ZeRO-3: one model.get_parameter per (parameter, reading stage), marked
+/// with the slot it reads; a stage reading another stage's parameter reads
+/// that stage's tie slot.
+void ZeroLayoutPass::splitParameterReads(func::FuncOp step,
+                                         SymbolTable &symbols,
+                                         MemoryPlan &plan) {
+  OpBuilder b(step.getContext());
+  SmallVector<GetParameterOp> gets(step.getBody().front().getOps<GetParameterOp>());
+  for (GetParameterOp get : gets) {
+    auto param = symbols.lookup<ParameterOp>(get.getName());
+    int64_t owner = std::max<int64_t>(stageOf(param), 0);
+    std::map<int64_t, GetParameterOp> perStage;
+    for (OpOperand &use : llvm::make_early_inc_range(get->getUses())) {
+      int64_t s = stageOf(use.getOwner());
+      auto [it, inserted] = perStage.try_emplace(s);
+      if (inserted) {
+        b.setInsertionPoint(use.getOwner());
+        it->second = cast<GetParameterOp>(b.clone(*get));
+        it->second->setAttr(kStageAttr, b.getI64IntegerAttr(s));
+        int64_t slot;
+        if (s == owner) {
+          slot = plan.stageWeightSlot[owner];
+        } else {
+          if (plan.stageTieSlot[owner] < 0) {
+            plan.stageTieSlot[owner] = plan.weightSlotElements.size();
+            plan.weightSlotElements.push_back(plan.stageElements[owner]);
+          }
+          slot = plan.stageTieSlot[owner];
+        }
+        it->second->setAttr(kSlotAttr, b.getI64IntegerAttr(slot));
+      } else if (use.getOwner()->isBeforeInBlock(it->second)) {
+        it->second->moveBefore(use.getOwner());
+      }
+      use.set(it->second.getResult());
+    }
+    get->erase();
+  }
+}
+
+void ZeroLayoutPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  if (failed(validateOptions(module)))
+    return signalPassFailure();
+  if (module->hasAttr(kMemoryPlanAttr)) {
+    module.emitError("the module already has a memory plan");
+    return signalPassFailure();
+  }
+  auto step = module.lookupSymbol<func::FuncOp>("train_step");
+  if (!step) {
+    module.emitError("no func.func @train_step to lay out; run fastllm-autodiff first");
+    return signalPassFailure();
+  }
+  for (auto param : module.getOps<ParameterOp>())
+    if (!param.getTensorType().getElementType().isF32()) {
+      param.emitOpError("has element type ")
+          << param.getTensorType().getElementType()
+          << "; parameters must be f32 (fp32 master weights)";
+      return signalPassFailure();
+    }
+
+  MemoryPlan plan;
+  plan.dataParallel = dp;
+  plan.zeroStage = zeroStage;
+  layOutParameters(module, plan);
+  SymbolTable symbols(module);
+  // ZeRO-1 reduces once per step, whatever the ops' order; ZeRO-2/3 place
+  // collectives by the stage and phase of each op.
+  if (zeroStage >= 2 && failed(assignStages(step, symbols)))
+    return signalPassFailure();
+  // Defaults (DESIGN.md section 3): two gradient buffers for ZeRO-2/3, two
+  // weight buffers for ZeRO-3; never more slots than stages to serve.
+  int64_t served = llvm::count_if(plan.stageElements, [](int64_t e) { return e > 0; });
+  int64_t numGrad = numGradBuffers == -1 ? 2 : numGradBuffers.getValue();
+  int64_t numWeight = numWeightBuffers == -1 ? 2 : numWeightBuffers.getValue();
+  assignSlots(plan, std::max<int64_t>(1, std::min(numGrad, served)),
+              std::max<int64_t>(1, std::min(numWeight, served)));
+  if (zeroStage == 3)
+    splitParameterReads(step, symbols, plan);
+  if (zeroStage >= 2) {
+    Builder b(module.getContext());
+    for (auto acc : step.getBody().front().getOps<AccumulateGradOp>())
+      acc->setAttr(kSlotAttr, b.getI64IntegerAttr(plan.stageGradSlot[stageOf(acc)]));
+  }
+  plan.gradSlotOffsets.assign(plan.gradSlotElements.size(), -1);
+  plan.weightSlotOffsets.assign(plan.weightSlotElements.size(), -1);
+  plan.set(module);
+}
