@@ -59,7 +59,7 @@ echo "== end to end: compiled training vs PyTorch"
   2>&1 | grep -v "bytes, export" | tee "$logdir/e2e-train.log"
 tally "$logdir/e2e-train.log" "e2e train tests"
 
-echo "== data parallelism (ZeRO-1, mpirun) vs one rank"
+echo "== data parallelism (ZeRO-1/2/3, mpirun) vs one rank and PyTorch"
 "$py" "$root/test/e2e/data_parallel.py" "$build/bin/fastllm-opt" \
   2>&1 | grep -v "bytes, export" | tee "$logdir/data-parallel.log"
 tally "$logdir/data-parallel.log" "data parallel tests"
