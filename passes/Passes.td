@@ -37,8 +37,8 @@ def ZeroLayoutPass : Pass<"fastllm-zero-layout", "ModuleOp"> {
     - ZeRO-2 and 3 give the stages that have parameters `num-grad-buffers`
       gradient slots round-robin (default 2), ZeRO-3 also `num-weight-buffers`
       weight slots (default 2), each sized for the largest stage it serves; a
-      stage read by a later stage (a tied embedding read by the head) gets a
-      tie slot of its own (ZeRO-3);
+      stage read by a later stage (a tied embedding read by the head) keeps
+      a weight slot of its own, which the later stage reads (ZeRO-3);
     - every op of the step gets a `model.stage`; ZeRO-2/3 require the forward
       to run the stages in order and the backward in reverse; ZeRO-3 gives
       each stage its own `model.get_parameter` with the weight slot it reads

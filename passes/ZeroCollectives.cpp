@@ -152,8 +152,13 @@ void ZeroCollectivesPass::runOnOperation() {
     std::map<int64_t, int64_t> ties; // owner -> request (once per step)
     std::set<int64_t> waited;        // requests already waited
     auto issue = [&](int64_t pos, int64_t s) {
-      if (plan->stageElements[s] && !own.count(s))
+      if (plan->stageElements[s] && !own.count(s)) {
         own[s] = start(pos, Action::Gather, s, plan->stageWeightSlot[s]);
+        // A stage that keeps its own slot as its tie slot serves its
+        // readers with this one gather.
+        if (plan->stageTieSlot[s] == plan->stageWeightSlot[s])
+          ties[s] = own[s];
+      }
       for (int64_t owner : tiesRead[s])
         if (!ties.count(owner))
           ties[owner] = start(pos, Action::Gather, owner, plan->stageTieSlot[owner]);

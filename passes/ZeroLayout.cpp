@@ -8,7 +8,8 @@
 //    num-weight-buffers weight slots, round-robin over the stages that have
 //    parameters, each slot sized for the largest stage it serves; ZeRO-3 gives
 //    a stage whose parameter a later stage reads (a tied embedding read by
-//    the head) a tie slot of its own, gathered once per micro-batch;
+//    the head) a slot of its own (its tie slot), gathered once per
+//    micro-batch and read by those stages too;
 //  - the step's ops: every op of @train_step gets a stage (autodiff's sums
 //    and accumulations take the stage of what follows them or of their
 //    parameter), and a ZeRO-2/3 step must run the stages in order forward
@@ -25,6 +26,7 @@
 #include "llvm/Support/MathExtras.h"
 
 #include <map>
+#include <set>
 #include <numeric>
 
 namespace mlir::fastllm {
@@ -45,7 +47,8 @@ private:
   LogicalResult validateOptions(ModuleOp module);
   void layOutParameters(ModuleOp module, MemoryPlan &plan);
   LogicalResult assignStages(func::FuncOp step, SymbolTable &symbols);
-  void assignSlots(MemoryPlan &plan, int64_t numGrad, int64_t numWeight);
+  void assignSlots(MemoryPlan &plan, int64_t numGrad, int64_t numWeight,
+                   const std::set<int64_t> &tieOwners);
   void splitParameterReads(func::FuncOp step, SymbolTable &symbols,
                            MemoryPlan &plan);
 };
@@ -159,29 +162,40 @@ LogicalResult ZeroLayoutPass::assignStages(func::FuncOp step,
 }
 
 /// Round-robin over the stages that have parameters: the i-th such stage
-/// uses gradient slot i % numGrad and weight slot i % numWeight.
+/// uses gradient slot i % numGrad and (ZeRO-3) weight slot i % numWeight. A
+/// ZeRO-3 stage whose parameters later stages read (the tied embedding the
+/// head reads) keeps a weight slot of its own instead, which those stages
+/// read too: it is gathered once per micro-batch and never overwritten.
 void ZeroLayoutPass::assignSlots(MemoryPlan &plan, int64_t numGrad,
-                                 int64_t numWeight) {
+                                 int64_t numWeight,
+                                 const std::set<int64_t> &tieOwners) {
   int64_t numStages = plan.numStages();
   plan.stageGradSlot.assign(numStages, -1);
   plan.stageWeightSlot.assign(numStages, -1);
   plan.stageTieSlot.assign(numStages, -1);
   if (zeroStage == 1)
     return;
-  int64_t used = 0;
+  auto assign = [&](int64_t s, int64_t slot, SmallVector<int64_t> &elements) {
+    if (slot >= int64_t(elements.size()))
+      elements.resize(slot + 1, 0);
+    elements[slot] = std::max(elements[slot], plan.stageElements[s]);
+    return slot;
+  };
+  int64_t used = 0, shared = 0;
   for (int64_t s = 0; s < numStages; ++s) {
     if (!plan.stageElements[s])
       continue;
-    auto assign = [&](int64_t slot, SmallVector<int64_t> &elements) {
-      if (slot >= int64_t(elements.size()))
-        elements.resize(slot + 1, 0);
-      elements[slot] = std::max(elements[slot], plan.stageElements[s]);
-      return slot;
-    };
-    plan.stageGradSlot[s] = assign(used % numGrad, plan.gradSlotElements);
-    if (zeroStage == 3)
-      plan.stageWeightSlot[s] = assign(used % numWeight, plan.weightSlotElements);
-    ++used;
+    plan.stageGradSlot[s] = assign(s, used++ % numGrad, plan.gradSlotElements);
+    if (zeroStage == 3 && !tieOwners.count(s))
+      plan.stageWeightSlot[s] = assign(s, shared++ % numWeight, plan.weightSlotElements);
+  }
+  if (zeroStage != 3)
+    return;
+  plan.weightSlotElements.resize(std::min(shared, numWeight), 0);
+  for (int64_t owner : tieOwners) {
+    plan.stageWeightSlot[owner] = plan.stageTieSlot[owner] =
+        plan.weightSlotElements.size();
+    plan.weightSlotElements.push_back(plan.stageElements[owner]);
   }
 }
 
@@ -254,13 +268,24 @@ void ZeroLayoutPass::runOnOperation() {
   // collectives by the stage and phase of each op.
   if (zeroStage >= 2 && failed(assignStages(step, symbols)))
     return signalPassFailure();
+  // The stages whose parameters another stage reads (ZeRO-3 ties).
+  std::set<int64_t> tieOwners;
+  if (zeroStage == 3)
+    for (auto get : step.getBody().front().getOps<GetParameterOp>()) {
+      auto param = symbols.lookup<ParameterOp>(get.getName());
+      int64_t owner = std::max<int64_t>(stageOf(param), 0);
+      for (Operation *user : get->getUsers())
+        if (stageOf(user) != owner && plan.stageElements[owner])
+          tieOwners.insert(owner);
+    }
   // Defaults (DESIGN.md section 3): two gradient buffers for ZeRO-2/3, two
   // weight buffers for ZeRO-3; never more slots than stages to serve.
   int64_t served = llvm::count_if(plan.stageElements, [](int64_t e) { return e > 0; });
   int64_t numGrad = numGradBuffers == -1 ? 2 : numGradBuffers.getValue();
   int64_t numWeight = numWeightBuffers == -1 ? 2 : numWeightBuffers.getValue();
   assignSlots(plan, std::max<int64_t>(1, std::min(numGrad, served)),
-              std::max<int64_t>(1, std::min(numWeight, served)));
+              std::max<int64_t>(1, std::min<int64_t>(numWeight, served - tieOwners.size())),
+              tieOwners);
   if (zeroStage == 3)
     splitParameterReads(step, symbols, plan);
   if (zeroStage >= 2) {

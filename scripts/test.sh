@@ -64,6 +64,11 @@ echo "== data parallelism (ZeRO-1/2/3, mpirun) vs one rank and PyTorch"
   2>&1 | grep -v "bytes, export" | tee "$logdir/data-parallel.log"
 tally "$logdir/data-parallel.log" "data parallel tests"
 
+echo "== a killed or hung rank ends the job, naming a rank"
+"$py" "$root/test/e2e/kill_rank.py" "$build/bin/fastllm-opt" \
+  2>&1 | tee "$logdir/kill-rank.log"
+tally "$logdir/kill-rank.log" "kill rank tests"
+
 echo "== gradient rules vs PyTorch autograd"
 "$py" "$root/test/e2e/gradcheck.py" --tool "$build/bin/fastllm-opt" \
   2>&1 | tee "$logdir/gradcheck.log" | grep -E "^(FAIL|gradcheck)"
