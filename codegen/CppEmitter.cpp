@@ -267,6 +267,7 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
      << "    " << plan.paramsOffset << ", " << plan.gradsOffset << ",\n"
      << "    " << plan.gradSlotOffsets.size() << ", kGradSlots, "
      << plan.weightSlotOffsets.size() << ", kWeightSlots,\n"
+     << "    " << plan.frozenOffset << ", " << plan.frozenElements << ",\n"
      << "    " << plan.masterOffset << ", " << plan.adamMOffset << ", "
      << plan.adamVOffset << ", " << plan.gradShardOffset << ",\n"
      << "    " << plan.tokensOffset << ", " << plan.targetsOffset << ",\n"

@@ -37,6 +37,8 @@ struct MemoryPlan {
   /// gradient.
   int64_t paramsOffset = -1, gradsOffset = -1;
   int64_t masterOffset = 0, adamMOffset = 0, adamVOffset = 0, gradShardOffset = 0;
+  /// Frozen parameters: their own array, whole on every rank (-1: none).
+  int64_t frozenOffset = -1, frozenElements = 0;
   /// Each stage's slice of the flat layout (elements), padded to dp * 32, and
   /// the slots it uses (-1: none). A tie slot holds the whole stage for the
   /// later stages that read one of its parameters (ZeRO-3).

@@ -48,6 +48,8 @@ template <typename Plan, typename Fn> void forEachField(Plan &p, Fn fn) {
   fn("adam_m_offset", p.adamMOffset);
   fn("adam_v_offset", p.adamVOffset);
   fn("grad_shard_offset", p.gradShardOffset);
+  fn("frozen_offset", p.frozenOffset);
+  fn("frozen_elements", p.frozenElements);
   fn("reduce_scatter_bytes_per_micro_batch", p.reduceScatterBytesPerMicroBatch);
   fn("all_gather_bytes_per_micro_batch", p.allGatherBytesPerMicroBatch);
   fn("reduce_scatter_bytes_per_step", p.reduceScatterBytesPerStep);
@@ -221,6 +223,8 @@ void PlanMemoryPass::runOnOperation() {
   for (int64_t *region : {&plan.masterOffset, &plan.adamMOffset,
                           &plan.adamVOffset, &plan.gradShardOffset})
     *region = place(plan.paramElements / dp * 4);
+  if (plan.frozenElements)
+    plan.frozenOffset = place(plan.frozenElements * 4);
 
   // Where each parameter read and gradient accumulation points.
   SymbolTable symbols(module);
@@ -233,6 +237,13 @@ void PlanMemoryPass::runOnOperation() {
       op->emitOpError("reads a parameter without a planned offset; run "
                       "fastllm-zero-layout");
       return std::nullopt;
+    }
+    if (param.getFrozen()) {
+      if (grad) {
+        op->emitOpError("accumulates the gradient of a frozen parameter");
+        return std::nullopt;
+      }
+      return plan.frozenOffset + offset.getInt() * 4;
     }
     int64_t stage = std::max<int64_t>(stageOf(param), 0);
     int64_t inStage = (offset.getInt() - plan.stageOffsets[stage]) * 4;

@@ -172,7 +172,9 @@ void VerifyCollectivesPass::runOnOperation() {
     } else if (auto get = dyn_cast<GetParameterOp>(op)) {
       auto param = symbols.lookup<ParameterOp>(get.getName());
       int64_t owner = std::max<int64_t>(stageOf(param), 0), j = slotOf(get);
-      if (zero == 3 && (j < 0 || j >= numWeightSlots))
+      if (param.getFrozen())
+        ; // the frozen array is always there
+      else if (zero == 3 && (j < 0 || j >= numWeightSlots))
         result = op.emitOpError("reads @")
                  << get.getName() << " without a weight slot (plan.slot) in a "
                  << "ZeRO-3 step";

@@ -84,12 +84,21 @@ LogicalResult ZeroLayoutPass::validateOptions(ModuleOp module) {
 
 /// One flat fp32 array ordered by stage, each tensor aligned, each stage
 /// padded to a multiple of dp * 32 elements so it splits into equal shards.
+/// Frozen parameters are not in it: they have an array of their own, whole
+/// on every rank, with no gradient, shard or optimizer state.
 void ZeroLayoutPass::layOutParameters(ModuleOp module, MemoryPlan &plan) {
   Builder b(module.getContext());
   int64_t elemAlign = alignment / 4;
   std::map<int64_t, SmallVector<ParameterOp>> byStage;
-  for (auto param : module.getOps<ParameterOp>())
+  for (auto param : module.getOps<ParameterOp>()) {
+    if (param.getFrozen()) {
+      param->setAttr(kParamOffsetAttr, b.getI64IntegerAttr(plan.frozenElements));
+      plan.frozenElements +=
+          llvm::alignTo(param.getTensorType().getNumElements(), elemAlign);
+      continue;
+    }
     byStage[std::max<int64_t>(stageOf(param), 0)].push_back(param);
+  }
   int64_t numStages = byStage.empty() ? 0 : byStage.rbegin()->first + 1;
   int64_t stageAlign = std::lcm<int64_t>(dp * 32, elemAlign);
   for (int64_t stage = 0; stage < numStages; ++stage) {
@@ -209,6 +218,8 @@ void ZeroLayoutPass::splitParameterReads(func::FuncOp step,
   SmallVector<GetParameterOp> gets(step.getBody().front().getOps<GetParameterOp>());
   for (GetParameterOp get : gets) {
     auto param = symbols.lookup<ParameterOp>(get.getName());
+    if (param.getFrozen()) // read from the frozen array, always there
+      continue;
     int64_t owner = std::max<int64_t>(stageOf(param), 0);
     std::map<int64_t, GetParameterOp> perStage;
     for (OpOperand &use : llvm::make_early_inc_range(get->getUses())) {
@@ -273,6 +284,8 @@ void ZeroLayoutPass::runOnOperation() {
   if (zeroStage == 3)
     for (auto get : step.getBody().front().getOps<GetParameterOp>()) {
       auto param = symbols.lookup<ParameterOp>(get.getName());
+      if (param.getFrozen())
+        continue;
       int64_t owner = std::max<int64_t>(stageOf(param), 0);
       for (Operation *user : get->getUsers())
         if (stageOf(user) != owner && plan.stageElements[owner])

@@ -55,7 +55,8 @@ struct ParamInfo {
   int32_t rank;
   int64_t shape[kMaxRank];
   int64_t numel;
-  int64_t offset;         ///< element offset into the flat params/grads arrays
+  int64_t offset;         ///< element offset into the flat params/grads
+                          ///< arrays, or into `frozen` when not trainable
   int32_t trainable;      ///< 0 when frozen (--freeze): no update
   int32_t weightDecay;    ///< 1 when AdamW's decay applies (rank >= 2)
 };
@@ -112,6 +113,9 @@ struct PlanInfo {
   const SlotInfo *gradSlots;
   int32_t numWeightSlots;
   const SlotInfo *weightSlots;
+  /// Frozen parameters (--freeze): an array of their own (-1: none), whole on
+  /// every rank, read by the step and never reduced, sharded or updated.
+  int64_t frozenOffset, frozenElements;
   /// This rank's shards (paramElements / dataParallel fp32 each): fp32
   /// master weights, AdamW moments, and the reduced gradient.
   int64_t masterOffset, adamMOffset, adamVOffset, gradShardOffset;

@@ -134,7 +134,15 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
       {"grad shard", plan.gradShardOffset, shardBytes},
       {"tokens", plan.tokensOffset, tokenBytes},
       {"targets", plan.targetsOffset, tokenBytes},
-      {"activations", plan.activationsOffset, plan.activationsBytes}};
+      {"activations", plan.activationsOffset, plan.activationsBytes},
+      {"frozen", plan.frozenElements ? plan.frozenOffset : 0,
+       plan.frozenElements * int64_t(sizeof(float))}};
+  if (plan.frozenElements < 0 ||
+      plan.frozenElements > plan.arenaBytes / int64_t(sizeof(float)) ||
+      (plan.frozenElements > 0 && plan.frozenOffset < 0))
+    return invalid("the frozen parameters' array (" + str(plan.frozenElements) +
+                   " elements at " + str(plan.frozenOffset) +
+                   ") is inconsistent");
   // Slots, bounded by the arena before their sizes are multiplied.
   std::vector<std::string> slotNames;
   slotNames.reserve(plan.numGradSlots + plan.numWeightSlots);
@@ -182,7 +190,7 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
 
   // Parameters: consistent, unique, each inside one stage, apart.
   std::set<std::string_view> names;
-  std::vector<std::pair<int64_t, int32_t>> byOffset; // (offset, index)
+  std::vector<std::pair<int64_t, int32_t>> byOffset; // (key, index)
   for (int32_t i = 0; i < plan.numParams; ++i) {
     const ParamInfo &p = plan.params[i];
     std::string what = "parameter #" + str(i) +
@@ -191,14 +199,22 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
     int64_t numel = 1;
     for (int32_t d = 0; ok && d < p.rank; ++d)
       ok = p.shape[d] >= 0 && !__builtin_mul_overflow(numel, p.shape[d], &numel);
-    if (!ok || numel != p.numel || p.offset < 0 ||
-        p.offset > plan.paramElements - p.numel)
+    // Trainable parameters live in the stages, frozen ones in their array
+    // when the plan has one.
+    const bool frozenArray = inFrozenArray(plan, p);
+    const int64_t limit = frozenArray ? plan.frozenElements : plan.paramElements;
+    if (!ok || numel != p.numel || p.offset < 0 || p.offset > limit - p.numel)
       return invalid(what + " has an inconsistent shape or lies outside the " +
-                     str(plan.paramElements) + " parameter elements");
+                     str(limit) + (frozenArray ? " frozen" : " parameter") +
+                     " elements");
     if (!names.insert(p.name).second)
       return invalid(what + " has the name of an earlier parameter");
     if (p.numel == 0)
       continue;
+    if (frozenArray) {
+      byOffset.push_back({p.offset + plan.paramElements, i});
+      continue;
+    }
     // The stage holding its first element must hold its last.
     const StageInfo *end = plan.stages + plan.numStages;
     const StageInfo *s = std::upper_bound(
@@ -213,9 +229,10 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
   }
   std::sort(byOffset.begin(), byOffset.end());
   for (size_t k = 1; k < byOffset.size(); ++k) {
+    // Keys place the frozen array after the stages' elements.
     const ParamInfo &a = plan.params[byOffset[k - 1].second];
     const ParamInfo &b = plan.params[byOffset[k].second];
-    if (a.offset + a.numel > b.offset)
+    if (byOffset[k - 1].first + a.numel > byOffset[k].first)
       return invalid("parameters '" + std::string(a.name) + "' and '" +
                      b.name + "' overlap");
   }

@@ -46,6 +46,14 @@ struct ShardSlice {
 };
 ShardSlice shardSlice(const PlanInfo &plan, int32_t stage, int64_t rank);
 
+/// Whether a parameter lives in the frozen array: a frozen parameter does
+/// when the plan has one (the compiler's plans); a plan without one may keep
+/// frozen parameters in the stages, where they take shard space but are
+/// never updated.
+inline bool inFrozenArray(const PlanInfo &plan, const ParamInfo &p) {
+  return !p.trainable && plan.frozenElements > 0;
+}
+
 /// Elements of each shard array: paramElements / dataParallel.
 inline int64_t shardElements(const PlanInfo &plan) {
   return plan.paramElements / plan.dataParallel;

@@ -2,6 +2,8 @@
 
 #include "runtime/Safetensors.h"
 
+#include "runtime/Plan.h"
+
 #include "runtime/Json.h"
 
 #include <cerrno>
@@ -284,28 +286,39 @@ Status fastllm::rt::writeSafetensors(
 }
 
 Status fastllm::rt::loadParams(const std::string &path, const PlanInfo &plan,
-                               float *params) {
+                               float *params, float *frozen, Which which) {
   Expected<SafetensorsReader> reader = SafetensorsReader::open(path);
   if (!reader)
     return reader.status();
   for (int32_t i = 0; i < plan.numParams; ++i) {
     const ParamInfo &p = plan.params[i];
+    const bool frozenArray = inFrozenArray(plan, p);
+    if (which == Which::Frozen && !frozenArray)
+      continue;
+    float *into = frozenArray ? frozen : params;
+    if (!into)
+      return errorf("no array to load parameter '%s' into", p.name);
     std::vector<int64_t> shape(p.shape, p.shape + p.rank);
-    if (Status s = reader->readF32(p.name, shape, params + p.offset); !s.ok())
+    if (Status s = reader->readF32(p.name, shape, into + p.offset); !s.ok())
       return s;
   }
   return Status();
 }
 
 Status fastllm::rt::saveParams(const std::string &path, const PlanInfo &plan,
-                               const float *flat, bool trainableOnly) {
+                               const float *flat, bool trainableOnly,
+                               const float *frozen) {
   std::vector<TensorRef> tensors;
   for (int32_t i = 0; i < plan.numParams; ++i) {
     const ParamInfo &p = plan.params[i];
-    if (p.trainable || !trainableOnly)
-      tensors.push_back({p.name,
-                         std::vector<int64_t>(p.shape, p.shape + p.rank),
-                         flat + p.offset});
+    if (!p.trainable && trainableOnly)
+      continue;
+    const float *from = inFrozenArray(plan, p) ? frozen : flat;
+    if (!from)
+      return errorf("'%s': no frozen array to write parameter '%s' from",
+                    path.c_str(), p.name);
+    tensors.push_back({p.name, std::vector<int64_t>(p.shape, p.shape + p.rank),
+                       from + p.offset});
   }
   return writeSafetensors(path, tensors, {{"format", "pt"}});
 }

@@ -68,14 +68,22 @@ Status writeSafetensors(
     const std::string &path, const std::vector<TensorRef> &tensors,
     const std::vector<std::pair<std::string, std::string>> &metadata = {});
 
-/// Fills the flat params array with every parameter of the plan, trainable or
-/// frozen: each must be in the file as F32 with the plan's shape.
-Status loadParams(const std::string &path, const PlanInfo &plan, float *params);
+/// Which parameters loadParams reads.
+enum class Which { All, Frozen };
 
-/// Writes the plan's parameters (or only the trainable ones) from a flat
-/// array laid out like params: the weights themselves, or their gradients.
+/// Fills the flat params array with the plan's trainable parameters and the
+/// frozen array (PlanInfo::frozenElements) with its frozen ones (with
+/// Which::Frozen, only those): each must be in the file as F32 with the
+/// plan's shape.
+Status loadParams(const std::string &path, const PlanInfo &plan, float *params,
+                  float *frozen = nullptr, Which which = Which::All);
+
+/// Writes the plan's trainable parameters from a flat array laid out like
+/// params (the weights themselves, or their gradients) and, unless
+/// trainableOnly, the frozen ones from `frozen`.
 Status saveParams(const std::string &path, const PlanInfo &plan,
-                  const float *flat, bool trainableOnly);
+                  const float *flat, bool trainableOnly,
+                  const float *frozen = nullptr);
 
 } // namespace fastllm::rt
 

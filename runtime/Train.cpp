@@ -354,6 +354,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   };
   float *params = plan.paramsOffset >= 0 ? region(plan.paramsOffset) : nullptr;
   float *grads = plan.gradsOffset >= 0 ? region(plan.gradsOffset) : nullptr;
+  float *frozen = plan.frozenElements ? region(plan.frozenOffset) : nullptr;
   float *master = region(plan.masterOffset), *adamM = region(plan.adamMOffset),
         *adamV = region(plan.adamVOffset),
         *gradShard = region(plan.gradShardOffset);
@@ -372,7 +373,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   // A resumed run takes its weights from the checkpoint instead.
   if (!opts.resume) {
     float *full = fullParams();
-    if (Status s = loadParams(opts.weightsPath, plan, full); !s.ok())
+    if (Status s = loadParams(opts.weightsPath, plan, full, frozen); !s.ok())
       return Status::error("weights: " + s.message());
     zero.shardParams(full);
     std::vector<float>().swap(fullOutside);
@@ -401,6 +402,13 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   const Fingerprint runPrint = runFingerprint(opts, data->size());
   int64_t firstStep = 0, optimizerStep = 0;
   if (opts.resume) {
+    // Frozen parameters never change: they are not checkpointed but read
+    // from the weights again.
+    if (frozen)
+      if (Status s = loadParams(opts.weightsPath, plan, nullptr, frozen,
+                                Which::Frozen);
+          !s.ok())
+        return Status::error("weights (the frozen parameters): " + s.message());
     Expected<Restored> restored =
         loadLatestCheckpoint(comm, opts.checkpointDir, planPrint, state);
     if (!restored)
@@ -568,7 +576,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     }
     if (leader)
       if (Status s = saveParams(opts.saveWeightsPath, plan, full,
-                                /*trainableOnly=*/false);
+                                /*trainableOnly=*/false, frozen);
           !s.ok())
         return s;
   }

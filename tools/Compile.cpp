@@ -73,6 +73,7 @@ static Report makeReport(const fastllm::MemoryPlan &plan) {
   int64_t grads = plan.gradsOffset >= 0 ? full : 0;
   for (int64_t e : plan.gradSlotElements)
     grads += e * 4;
+  weights += plan.frozenElements * 4;
   return {weights,
           grads,
           shard,
@@ -142,6 +143,8 @@ static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
                     {"adam_m_offset", plan.adamMOffset},
                     {"adam_v_offset", plan.adamVOffset},
                     {"grad_shard_offset", plan.gradShardOffset},
+                    {"frozen_offset", plan.frozenOffset},
+                    {"frozen_elements", plan.frozenElements},
                     {"tokens_offset", plan.tokensOffset},
                     {"targets_offset", plan.targetsOffset},
                     {"activations_offset", plan.activationsOffset}}},
@@ -169,6 +172,8 @@ static void printReport(const fastllm::MemoryPlan &plan, raw_ostream &os) {
       plan.zeroStage == 3
           ? count(plan.weightSlotElements.size(), "slot")
           : "one per stage";
+  if (plan.frozenElements)
+    weightsWhat += " + frozen " + std::to_string(plan.frozenElements * 4) + " B";
   std::string gradsWhat =
       plan.zeroStage >= 2 ? count(plan.gradSlotElements.size(), "slot")
                           : "one per stage";

@@ -46,15 +46,19 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "s
 # both stage sizes and both accumulations, and ZeRO-2/3 on one rank.
 SUBSET = [(2, 1, 1, 1), (4, 1, 2, 2), (2, 2, 2, 2), (4, 2, 1, 1),
           (2, 3, 1, 2), (4, 3, 2, 1), (1, 2, 1, 2), (1, 3, 2, 1)]
+# With the position embedding frozen (no gradient, shard or optimizer state):
+# checked against PyTorch with it frozen, and the plan must hold no state.
+FROZEN = "wpe"
+FROZEN_CASES = [(2, 1, 1, 1), (2, 2, 1, 2), (4, 3, 1, 1)]
 FULL = list(itertools.product((1, 2, 4), (1, 2, 3), (1, 2), (1, 2)))
 
 
-def run(tool, work, onnx_path, data, steps, dp, zero, lps, accum):
+def run(tool, work, onnx_path, data, steps, dp, zero, lps, accum, freeze=None):
     batch = GLOBAL // (dp * accum)
-    out = os.path.join(work, f"dp{dp}-zero{zero}-lps{lps}-acc{accum}")
+    out = os.path.join(work, f"dp{dp}-zero{zero}-lps{lps}-acc{accum}{'-frozen' if freeze else ''}")
     subprocess.run([tool, "compile", onnx_path, "-o", out, "--batch-size", str(batch),
                     "--seq-len", str(SEQ), "--dp", str(dp), "--zero-stage", str(zero),
-                    "--layers-per-stage", str(lps)],
+                    "--layers-per-stage", str(lps)] + (["--freeze", freeze] if freeze else []),
                    check=True, capture_output=True)
     metrics = os.path.join(out, "metrics.jsonl")
     cmd = [os.path.join(out, "train"), "--data", data, "--steps", str(steps),
@@ -107,7 +111,7 @@ def main():
         model_work = os.path.join(work, model)
         os.makedirs(model_work)
         torch_ref = torch_losses(cfg, data, args.steps, GLOBAL, 1, SEQ, HP)
-        ref, _ = run(args.tool, model_work, cfg.out, data_path, args.steps, 1, 1, 1, 1)
+        ref, ref_plan = run(args.tool, model_work, cfg.out, data_path, args.steps, 1, 1, 1, 1)
         for dp, zero, lps, accum in (FULL if args.full else SUBSET):
             if (dp, zero, lps, accum) == (1, 1, 1, 1):
                 continue  # the reference itself
@@ -116,6 +120,35 @@ def main():
                 got, plan = run(args.tool, model_work, cfg.out, data_path, args.steps,
                                 dp, zero, lps, accum)
                 ok, detail = check(got, plan, accum, ref, torch_ref, args.steps)
+            except subprocess.CalledProcessError as e:
+                ok, detail = False, f"{e.cmd[0]} failed: {e.stderr.decode()[-1500:]}"
+            print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+            passed += ok
+            failed += not ok
+        if model != "gpt2":
+            continue
+        frozen_torch = torch_losses(cfg, data, args.steps, GLOBAL, 1, SEQ, HP, freeze=FROZEN)
+        frozen_ref, frozen_plan = run(args.tool, model_work, cfg.out, data_path, args.steps,
+                                      1, 1, 1, 1, freeze=FROZEN)
+        # The stages (and so every shard and optimizer state) shrink by the
+        # frozen tensor's elements (64 positions x d 64).
+        shrunk = ref_plan["memory"]["param_elements"] - \
+            frozen_plan["memory"]["param_elements"]
+        for dp, zero, lps, accum in FROZEN_CASES:
+            name = f"{model} --freeze {FROZEN} dp {dp} ZeRO-{zero} layers-per-stage {lps} " \
+                   f"grad-accum {accum}"
+            try:
+                got, plan = run(args.tool, model_work, cfg.out, data_path, args.steps,
+                                dp, zero, lps, accum, freeze=FROZEN)
+                ok, detail = check(got, plan, accum, frozen_ref, frozen_torch, args.steps)
+                # The frozen tensor has its own array, outside the stages.
+                frozen = [p for p in plan["params"] if not p["trainable"]]
+                trainable = sum(p["elements"] for p in plan["stages"])
+                ok = ok and [p["name"] for p in frozen] == ["wpe.weight"] and \
+                    plan["memory"]["frozen_elements"] == 64 * 64 and shrunk == 64 * 64 and \
+                    trainable == plan["memory"]["param_elements"]
+                detail += (f"; frozen array {plan['memory']['frozen_elements']} elements, "
+                           f"stages {shrunk} elements smaller than unfrozen")
             except subprocess.CalledProcessError as e:
                 ok, detail = False, f"{e.cmd[0]} failed: {e.stderr.decode()[-1500:]}"
             print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)

@@ -15,6 +15,7 @@ line `e2e train tests: P passed, F failed`; exits 1 on any failure.
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -46,12 +47,19 @@ def token_data(vocab, n=40000):
     return np.random.default_rng(0).integers(0, vocab, n).astype(np.uint16)
 
 
-def torch_losses(cfg, data, steps, batch, accum, seq, hp):
-    """Trains the PyTorch model the export came from; returns per-step losses."""
+def torch_losses(cfg, data, steps, batch, accum, seq, hp, freeze=None):
+    """Trains the PyTorch model the export came from; returns per-step losses.
+    Parameters whose name matches the regex `freeze` are not trained."""
     torch.manual_seed(0)
     model = export_models.build_model(cfg)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    trained = []
+    for name, p in model.named_parameters():
+        if freeze and re.search(freeze, name):
+            p.requires_grad_(False)
+        else:
+            trained.append(p)
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": hp["weight_decay"]},
          {"params": no_decay, "weight_decay": 0.0}],
