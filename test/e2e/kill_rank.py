@@ -8,7 +8,10 @@ few steps are logged, then
     must name rank 1;
   - SIGSTOPs rank 1 (it hangs, holding its peers in a collective) with
     --collective-timeout 5: rank 0 must abort the job within 60 s, non-zero,
-    with `rank 0: step N: <collective> timed out`.
+    with `rank 0: step N: <collective> timed out`;
+  - SIGKILLs rank 1 of a 20-step run checkpointing every 5 steps once step 12
+    is logged, resumes it (--resume) to step 20 and compares every loss with
+    an uninterrupted run: bit-identical (DESIGN.md section 6).
 Prints PASS/FAIL per case and `kill rank tests: P passed, F failed`.
 """
 import json
@@ -78,6 +81,42 @@ def run_case(work, binary, data, sig, expect):
             os.kill(pid, signal.SIGCONT)
 
 
+def kill_and_resume(work, binary, data):
+    """(ok, detail) of the kill at step 12 and resume, vs an uninterrupted run."""
+    def cmd(ckpt, metrics, *extra):
+        return MPIRUN + ["-np", "2", binary, "--data", data, "--steps", "20", "--lr", "1e-3",
+                         "--checkpoint-dir", ckpt, "--checkpoint-every", "5",
+                         "--metrics", metrics] + list(extra)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    full, cut = os.path.join(work, "full.jsonl"), os.path.join(work, "cut.jsonl")
+    subprocess.run(cmd(os.path.join(work, "ckpt-full"), full), check=True,
+                   capture_output=True, env=env)
+    proc = subprocess.Popen(cmd(os.path.join(work, "ckpt-cut"), cut), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None and \
+            not (os.path.exists(cut) and sum(1 for _ in open(cut)) >= 12):
+        time.sleep(0.01)
+    pid = rank_pid(binary, 1)
+    if pid:
+        os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    killed_at = sum(1 for _ in open(cut))
+    if proc.returncode == 0 or killed_at >= 20:
+        return False, f"the run was not killed mid-way (exit {proc.returncode}, {killed_at} steps)"
+    resumed = subprocess.run(cmd(os.path.join(work, "ckpt-cut"), cut, "--resume"),
+                             capture_output=True, text=True, env=env)
+    if resumed.returncode != 0:
+        return False, f"--resume failed: {resumed.stderr[-1500:]}"
+    at = re.search(r"resumed from '[^']*' at step (\d+)", resumed.stdout)
+    want = [json.loads(line)["loss"] for line in open(full)]
+    got = [json.loads(line)["loss"] for line in open(cut)]
+    ok = at is not None and got == want and len(got) == 20
+    return ok, (f"SIGKILL rank 1 at step {killed_at} of 20 (ZeRO-3, dp 2), resumed at step "
+                f"{at.group(1) if at else '?'}: {len(got)} losses, "
+                f"{'bit-identical to' if got == want else 'DIFFERENT from'} the uninterrupted run")
+
+
 def main():
     work = tempfile.mkdtemp(prefix="kill-rank-")
     out = os.path.join(work, "model")
@@ -98,6 +137,13 @@ def main():
         print(f"{'PASS' if ok else 'FAIL'} {detail}", flush=True)
         passed += ok
         failed += not ok
+    try:
+        ok, detail = kill_and_resume(work, os.path.join(out, "train"), data)
+    except Exception as e:
+        ok, detail = False, f"{type(e).__name__}: {e}"
+    print(f"{'PASS' if ok else 'FAIL'} {detail}", flush=True)
+    passed += ok
+    failed += not ok
     print(f"kill rank tests: {passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
