@@ -31,6 +31,8 @@ struct MemoryPlan {
   int64_t arenaBytes = 0;
   int64_t paramElements = 0;  ///< length of the flat stage-ordered layout
   int64_t dataParallel = 1, zeroStage = 1;
+  /// Gradient buffers in fp32 (1) or in the compute dtype (0).
+  int64_t fullPrecisionGradients = 1;
   /// Full weight and gradient arrays (paramElements each; -1: none, the
   /// stages use slots), then this rank's shards (paramElements /
   /// dataParallel each) of the master weights, AdamW moments and the reduced

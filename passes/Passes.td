@@ -56,6 +56,10 @@ def ZeroLayoutPass : Pass<"fastllm-zero-layout", "ModuleOp"> {
            "Weight slots shared by the stages (ZeRO-3; default 2)">,
     Option<"alignment", "alignment", "int64_t", /*default=*/"64",
            "Alignment of every parameter tensor, in bytes">,
+    Option<"fullPrecisionGradients", "full-precision-gradients", "bool",
+           /*default=*/"true",
+           "Gradient buffers in fp32 (else in the compute dtype; the CPU "
+           "target computes in fp32, so both are fp32 there)">,
   ];
 }
 

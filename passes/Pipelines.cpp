@@ -25,6 +25,7 @@ void mlir::fastllm::buildCpuTrainingPipeline(
   zero.zeroStage = options.zeroStage;
   zero.numGradBuffers = options.numGradBuffers;
   zero.numWeightBuffers = options.numWeightBuffers;
+  zero.fullPrecisionGradients = options.fullPrecisionGradients;
   pm.addPass(createZeroLayoutPass(zero));
   pm.addPass(createZeroCollectivesPass());
   pm.addPass(createVerifyCollectivesPass());

@@ -31,6 +31,10 @@ struct TrainingPipelineOptions
       *this, "num-grad-buffers",
       llvm::cl::desc("Gradient slots (ZeRO-2/3; -1: the default, 2)"),
       llvm::cl::init(-1)};
+  Option<bool> fullPrecisionGradients{
+      *this, "full-precision-gradients",
+      llvm::cl::desc("Gradient buffers in fp32 (else the compute dtype)"),
+      llvm::cl::init(true)};
   Option<int64_t> numWeightBuffers{
       *this, "num-weight-buffers",
       llvm::cl::desc("Weight slots (ZeRO-3; -1: the default, 2)"),

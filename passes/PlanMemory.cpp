@@ -42,6 +42,7 @@ template <typename Plan, typename Fn> void forEachField(Plan &p, Fn fn) {
   fn("param_elements", p.paramElements);
   fn("data_parallel", p.dataParallel);
   fn("zero_stage", p.zeroStage);
+  fn("full_precision_gradients", p.fullPrecisionGradients);
   fn("params_offset", p.paramsOffset);
   fn("grads_offset", p.gradsOffset);
   fn("master_offset", p.masterOffset);

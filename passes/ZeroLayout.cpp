@@ -273,6 +273,7 @@ void ZeroLayoutPass::runOnOperation() {
   MemoryPlan plan;
   plan.dataParallel = dp;
   plan.zeroStage = zeroStage;
+  plan.fullPrecisionGradients = fullPrecisionGradients;
   layOutParameters(module, plan);
   SymbolTable symbols(module);
   // ZeRO-1 reduces once per step, whatever the ops' order; ZeRO-2/3 place

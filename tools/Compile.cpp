@@ -118,6 +118,7 @@ static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
       {"target", "cpu"},
       {"dp", plan.dataParallel},
       {"zero_stage", plan.zeroStage},
+      {"full_precision_gradients", plan.fullPrecisionGradients != 0},
       {"batch_size", batch},
       {"seq_len", seq},
       {"stages", std::move(stages)},
@@ -281,6 +282,11 @@ int fastllm::compileMain(int argc, char **argv) {
       cl::desc("Weight buffers shared round-robin by the stages (ZeRO-3; "
                "default 2)"),
       cl::init(-1), cl::cat(category));
+  cl::opt<bool> fullPrecisionGradients(
+      "full-precision-gradients",
+      cl::desc("Keep gradient buffers in fp32 (default true; false: the "
+               "compute dtype, which is fp32 on the CPU target)"),
+      cl::init(true), cl::cat(category));
   cl::opt<double> layersPerStage(
       "layers-per-stage",
       cl::desc("Layers per stage (the unit of sharding); fractions allowed"),
@@ -402,6 +408,7 @@ int fastllm::compileMain(int argc, char **argv) {
   pipeline.zeroStage = zeroStage.getValue();
   pipeline.numGradBuffers = numGradBuffers.getValue();
   pipeline.numWeightBuffers = numWeightBuffers.getValue();
+  pipeline.fullPrecisionGradients = fullPrecisionGradients.getValue();
   fastllm::buildCpuTrainingPipeline(pm, pipeline);
   if (failed(pm.run(*module)))
     return 1;
