@@ -1,10 +1,13 @@
-//===- CppEmitter.cpp - the CPU emitter -----------------------------------===//
+//===- CppEmitter.cpp - the CPU and CUDA emitter --------------------------===//
 //
 // One kernel call per op of @train_step, in program order. Every tensor is a
-// pointer: into the arena at its planned offset, into the parameter region
-// (model.get_parameter), to a static array (model.constant), or to its
-// source (model.reshape). Elementwise ops become one `elementwise` call with
-// a lambda, so later fusion only has to compose lambdas.
+// pointer: into the arena at its planned offset (activations, and the weight
+// or gradient a parameter read or accumulation names), to a static array
+// (model.constant; CUDA: a __device__ array), or to its source
+// (model.reshape). Elementwise ops become one `elementwise` call with a
+// functor, so later fusion only has to compose functors. The CUDA source
+// makes the same calls on the CUDA kernel library, whose calls enqueue work on
+// one stream; the loss is read back after the stream finishes.
 //
 //===----------------------------------------------------------------------===//
 
@@ -79,7 +82,8 @@ std::string list(ArrayRef<int64_t> values) {
 
 class CpuEmitter {
 public:
-  CpuEmitter(ModuleOp module, raw_ostream &out) : module(module), out(out) {}
+  CpuEmitter(ModuleOp module, Target target, raw_ostream &out)
+      : module(module), target(target), out(out) {}
   LogicalResult emit();
 
 private:
@@ -93,6 +97,7 @@ private:
   LogicalResult bindResult(Operation *op, unsigned i);
 
   ModuleOp module;
+  Target target;
   raw_ostream &out;
   /// Sections are written here first and assembled into `out` at the end.
   std::string text;
@@ -101,6 +106,7 @@ private:
   DenseSet<Value> splats; ///< 1-element arrays standing for a splat
   unsigned counter = 0;
   std::string constants;
+  std::string constantPointers; ///< CUDA: the step's pointers to them
   llvm::StringMap<std::string> functors; ///< expression -> functor name
   std::string functorDefs;
 };
@@ -120,7 +126,8 @@ FailureOr<std::string> CpuEmitter::cType(Type type, Operation *where) {
   if (type.isInteger(1))
     return std::string("bool");
   return where->emitOpError("element type ")
-         << type << " is not supported by the CPU target", failure();
+         << type << " is not supported by the " << targetName(target)
+         << " target", failure();
 }
 
 LogicalResult CpuEmitter::bindResult(Operation *op, unsigned i) {
@@ -143,7 +150,8 @@ LogicalResult CpuEmitter::emitConstants(func::FuncOp step) {
   for (auto c : step.getOps<ConstantOp>()) {
     auto dense = dyn_cast<DenseElementsAttr>(c.getValue());
     if (!dense)
-      return c.emitOpError("only dense constants are supported by the CPU target");
+      return c.emitOpError("only dense constants are supported by the ")
+             << targetName(target) << " target";
     auto type = cType(dense.getElementType(), c);
     if (failed(type))
       return failure();
@@ -152,7 +160,17 @@ LogicalResult CpuEmitter::emitConstants(func::FuncOp step) {
     int64_t count = dense.isSplat() ? 1 : dense.getNumElements();
     if (dense.isSplat())
       splats.insert(c.getResult());
-    cs << "alignas(64) const " << *type << " " << n << "[" << count << "] = {";
+    // CUDA: the array lives on the device as gN; the step names it through
+    // a pointer cN it looks up once.
+    if (target == Target::Cuda) {
+      cs << "__device__ const " << *type << " g" << n.substr(1) << "[" << count
+         << "] = {";
+      constantPointers += "  static const " + *type + " *" + n +
+                          " = deviceAddress(g" + n.substr(1) + ");\n";
+    } else {
+      cs << "alignas(64) const " << *type << " " << n << "[" << count
+         << "] = {";
+    }
     auto print = [&](int64_t k) {
       if (k)
         cs << ", ";
@@ -256,7 +274,8 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
   slots("kGradSlots", plan.gradSlotOffsets, plan.gradSlotElements);
   slots("kWeightSlots", plan.weightSlotOffsets, plan.weightSlotElements);
   os << "const PlanInfo kPlan = {\n"
-     << "    kAbiVersion, \"cpu\", " << tokShape[0] << ", " << tokShape[1]
+     << "    kAbiVersion, \"" << targetName(target) << "\", " << tokShape[0]
+     << ", " << tokShape[1]
      << ", " << vocab << ",\n"
      << "    " << cString(argName(plan.tokensArg)) << ", "
      << cString(argName(plan.targetsArg)) << ",\n"
@@ -312,8 +331,9 @@ LogicalResult CpuEmitter::emitElementwise(Operation *op, const std::string &expr
   auto [it, inserted] =
       functors.try_emplace(body, "F" + std::to_string(functors.size()));
   if (inserted)
-    functorDefs += "struct " + it->second + " {\n  " + *outType +
-                   " operator()(" + llvm::join(params, ", ") +
+    functorDefs += "struct " + it->second + " {\n  " +
+                   (target == Target::Cuda ? "__host__ __device__ " : "") +
+                   *outType + " operator()(" + llvm::join(params, ", ") +
                    ") const { return " + expr + "; }\n};\n";
   os << "    elementwise(" << name(r) << ", " << rank << ", shape, "
      << it->second << "{}, ";
@@ -403,9 +423,10 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
             c.getStage() >= plan->numStages())
           return c.emitOpError("names a slot or stage the plan does not have"),
                  failure();
-        os << "  std::memset(arena + " << plan->gradSlotOffsets[c.getSlot()]
-           << ", 0, " << plan->stageElements[c.getStage()] * 4
-           << "); // stage " << c.getStage() << "\n";
+        os << "  fill(reinterpret_cast<float *>(arena + "
+           << plan->gradSlotOffsets[c.getSlot()] << "), "
+           << plan->stageElements[c.getStage()] << ", 0.0f); // stage "
+           << c.getStage() << "\n";
         return success();
       })
       .Case<ReshapeOp>([&](ReshapeOp r) {
@@ -427,7 +448,10 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
         return success();
       })
       .Case<func::ReturnOp>([&](func::ReturnOp ret) {
-        os << "  return " << name(ret.getOperand(0)) << "[0];\n";
+        if (target == Target::Cuda)
+          os << "  return readScalar(" << name(ret.getOperand(0)) << ");\n";
+        else
+          os << "  return " << name(ret.getOperand(0)) << "[0];\n";
         return success();
       })
       // Elementwise.
@@ -713,7 +737,8 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
         return success();
       })
       .Default([&](Operation *o) {
-        return o->emitOpError("is not supported by the CPU target");
+        return o->emitOpError("is not supported by the ")
+               << targetName(target) << " target";
       });
 }
 
@@ -741,25 +766,34 @@ LogicalResult CpuEmitter::emit() {
     if (failed(emitOp(&op)))
       return failure();
 
-  out << "// Generated by fastllm-opt: the training step of one rank (CPU).\n"
-         "// Do not edit; recompile the model instead.\n\n"
-         "#include \"runtime/ModelABI.h\"\n"
-         "#include \"runtime/cpu/Kernels.h\"\n\n"
-         "#include <cmath>\n#include <cstdint>\n#include <cstring>\n\n"
-         "using namespace fastllm::rt;\nusing namespace fastllm::rt::cpu;\n\n"
-         "namespace {\n"
+  const bool cuda = target == Target::Cuda;
+  out << "// Generated by fastllm-opt: the training step of one rank ("
+      << (cuda ? "CUDA" : "CPU") << ").\n"
+      << "// Do not edit; recompile the model instead.\n\n"
+      << "#include \"runtime/ModelABI.h\"\n"
+      << (cuda ? "#include \"runtime/cuda/Generated.cuh\"\n\n"
+               : "#include \"runtime/cpu/Kernels.h\"\n\n")
+      << "#include <cmath>\n#include <cstdint>\n\n"
+      << "using namespace fastllm::rt;\nusing namespace fastllm::rt::"
+      << (cuda ? "cuda" : "cpu") << ";\n\n"
+      << "namespace {\n"
       << planText << "\n"
       << constants << "\n"
       << functorDefs << "} // namespace\n\n"
       << "extern \"C\" const PlanInfo *fastllm_plan() { return &kPlan; }\n\n"
       << "extern \"C\" float fastllm_step(char *arena, const Collectives *comm) {\n"
       << "  (void)comm;\n"
-      << text << "}\n";
+      << constantPointers << text << "}\n";
   return success();
 }
 
-LogicalResult mlir::fastllm::emitCpuSource(ModuleOp module, raw_ostream &os) {
-  return CpuEmitter(module, os).emit();
+StringRef mlir::fastllm::targetName(Target target) {
+  return target == Target::Cuda ? "cuda" : "cpu";
+}
+
+LogicalResult mlir::fastllm::emitSource(ModuleOp module, Target target,
+                                        raw_ostream &os) {
+  return CpuEmitter(module, target, os).emit();
 }
 
 //===----------------------------------------------------------------------===//

@@ -2,8 +2,10 @@
 //
 // Emission never changes the IR (CIRCT's rule): everything it needs (buffer
 // offsets, parameter layout) was decided by the passes and is read from
-// attributes. The CPU emitter writes C++ that calls runtime/cpu/Kernels.h; the
-// CUDA emitter will reuse the walk and the plan and differ in kernel calls.
+// attributes. One walk serves both targets: the CPU source calls
+// runtime/cpu/Kernels.h, the CUDA source (compiled by nvcc) the same API in
+// runtime/cuda/Kernels.cuh, which launches kernels on device pointers into
+// the same arena; only constants, functors and the loss read differ.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,11 +17,16 @@
 
 namespace mlir::fastllm {
 
-/// Writes the C++ translation unit defining fastllm_plan() and
-/// fastllm_step() (runtime/ModelABI.h) for a module that went through
+enum class Target { Cpu, Cuda };
+
+/// The target's name, as `--target` and PlanInfo::target spell it.
+llvm::StringRef targetName(Target target);
+
+/// Writes the C++ (CUDA: CUDA C++) translation unit defining fastllm_plan()
+/// and fastllm_step() (runtime/ModelABI.h) for a module that went through
 /// fastllm-autodiff and fastllm-plan-memory. Fails with diagnostics on ops
-/// the CPU target cannot run.
-LogicalResult emitCpuSource(ModuleOp module, llvm::raw_ostream &os);
+/// the target cannot run.
+LogicalResult emitSource(ModuleOp module, Target target, llvm::raw_ostream &os);
 
 /// Writes every model.parameter's initial value as F32 tensors in the
 /// safetensors format, atomically (temporary file, fsync, rename).

@@ -239,6 +239,8 @@ void PlanMemoryPass::runOnOperation() {
                       "fastllm-zero-layout");
       return std::nullopt;
     }
+    if (param.getTensorType().getNumElements() == 0)
+      return 0; // an empty tensor: its pointer is never read
     if (param.getFrozen()) {
       if (grad) {
         op->emitOpError("accumulates the gradient of a frozen parameter");

@@ -157,7 +157,9 @@ void VerifyCollectivesPass::runOnOperation() {
     } else if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
       auto param = symbols.lookup<ParameterOp>(acc.getName());
       int64_t s = std::max<int64_t>(stageOf(param), 0), j = slotOf(acc);
-      if (zero >= 2 && (j < 0 || j >= numGradSlots))
+      if (param.getTensorType().getNumElements() == 0)
+        ; // adds nothing
+      else if (zero >= 2 && (j < 0 || j >= numGradSlots))
         result = op.emitOpError("has no gradient slot (plan.slot) in a ZeRO-")
                  << zero << " step";
       else if (zero >= 2 &&
@@ -172,8 +174,8 @@ void VerifyCollectivesPass::runOnOperation() {
     } else if (auto get = dyn_cast<GetParameterOp>(op)) {
       auto param = symbols.lookup<ParameterOp>(get.getName());
       int64_t owner = std::max<int64_t>(stageOf(param), 0), j = slotOf(get);
-      if (param.getFrozen())
-        ; // the frozen array is always there
+      if (param.getFrozen() || param.getTensorType().getNumElements() == 0)
+        ; // the frozen array is always there; an empty tensor reads nothing
       else if (zero == 3 && (j < 0 || j >= numWeightSlots))
         result = op.emitOpError("reads @")
                  << get.getName() << " without a weight slot (plan.slot) in a "

@@ -138,9 +138,12 @@ void ZeroCollectivesPass::runOnOperation() {
   for (int64_t s = 0; s < numStages; ++s)
     if (plan->stageElements[s])
       withParams.push_back(s);
+  // The slots the stages share round-robin (a tied stage's own slot is not
+  // shared): with one, nothing can be prefetched.
   int64_t numWeightSlots = 0;
-  for (int64_t slot : plan->stageWeightSlot)
-    numWeightSlots = std::max(numWeightSlots, slot + 1);
+  for (int64_t s = 0; s < numStages; ++s)
+    if (plan->stageTieSlot[s] < 0)
+      numWeightSlots = std::max(numWeightSlots, plan->stageWeightSlot[s] + 1);
 
   if (zero3) {
     // Forward: the stages that gather (their own weights or a tie slot).

@@ -288,9 +288,17 @@ void ZeroLayoutPass::runOnOperation() {
       if (param.getFrozen())
         continue;
       int64_t owner = std::max<int64_t>(stageOf(param), 0);
-      for (Operation *user : get->getUsers())
+      for (Operation *user : get->getUsers()) {
+        if (stageOf(user) < owner) {
+          user->emitOpError("in stage ")
+              << stageOf(user) << " reads @" << get.getName()
+              << " of the later stage " << owner
+              << "; a parameter belongs to the stage of its first use";
+          return signalPassFailure();
+        }
         if (stageOf(user) != owner && plan.stageElements[owner])
           tieOwners.insert(owner);
+      }
     }
   // Defaults (DESIGN.md section 3): two gradient buffers for ZeRO-2/3, two
   // weight buffers for ZeRO-3; never more slots than stages to serve.
@@ -305,7 +313,9 @@ void ZeroLayoutPass::runOnOperation() {
   if (zeroStage >= 2) {
     Builder b(module.getContext());
     for (auto acc : step.getBody().front().getOps<AccumulateGradOp>())
-      acc->setAttr(kSlotAttr, b.getI64IntegerAttr(plan.stageGradSlot[stageOf(acc)]));
+      if (plan.stageGradSlot[stageOf(acc)] >= 0) // else: no elements to add
+        acc->setAttr(kSlotAttr,
+                     b.getI64IntegerAttr(plan.stageGradSlot[stageOf(acc)]));
   }
   plan.gradSlotOffsets.assign(plan.gradSlotElements.size(), -1);
   plan.weightSlotOffsets.assign(plan.weightSlotElements.size(), -1);

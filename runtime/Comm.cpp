@@ -114,6 +114,13 @@ Expected<std::unique_ptr<Communicator>> Communicator::create(int *argc,
       MPI_Comm_size(handle, &comm->worldSize) != MPI_SUCCESS)
     return errorf("cannot set up MPI_COMM_WORLD (thread level %d provided)",
                   provided);
+  // The rank among the processes on this machine (which GPU to use).
+  MPI_Comm local = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(handle, MPI_COMM_TYPE_SHARED, comm->myRank,
+                          MPI_INFO_NULL, &local) != MPI_SUCCESS ||
+      MPI_Comm_rank(local, &comm->myLocalRank) != MPI_SUCCESS)
+    return errorf("cannot find the ranks on this machine");
+  MPI_Comm_free(&local);
   return comm;
 }
 

@@ -84,6 +84,8 @@ public:
   ~Communicator();
 
   int rank() const { return myRank; }
+  /// The rank among the processes on this machine.
+  int localRank() const { return myLocalRank; }
   int size() const { return worldSize; }
 
   /// Seconds a wait may last before the job is aborted (default 300).
@@ -138,7 +140,7 @@ private:
   void wait(Request::Pending &pending);
 
   std::unique_ptr<Handle> handle;
-  int myRank = 0, worldSize = 1;
+  int myRank = 0, worldSize = 1, myLocalRank = 0;
   bool ownsMpi = false; ///< created by create(): finalises MPI
   double timeoutSeconds = 300;
   int64_t currentStep = 0;

@@ -2,6 +2,8 @@
 
 #include "runtime/Plan.h"
 
+#include "runtime/Device.h"
+
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -34,10 +36,10 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
     return errorf("the model was compiled for runtime ABI %d but this runtime "
                   "is ABI %d; recompile it with this fastllm-opt",
                   plan.abiVersion, kAbiVersion);
-  if (!plan.target || std::strcmp(plan.target, "cpu") != 0)
-    return errorf("this runtime trains target 'cpu' models; the model was "
+  if (!plan.target || std::strcmp(plan.target, deviceTarget()) != 0)
+    return errorf("this runtime trains target '%s' models; the model was "
                   "compiled for '%s'",
-                  plan.target ? plan.target : "");
+                  deviceTarget(), plan.target ? plan.target : "");
   if (plan.zeroStage < 1 || plan.zeroStage > 3)
     return invalid("zero stage " + str(plan.zeroStage) + " is not 1, 2 or 3");
   if (plan.dataParallel < 1)

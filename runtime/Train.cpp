@@ -4,6 +4,7 @@
 
 #include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
+#include "runtime/Device.h"
 #include "runtime/Json.h"
 #include "runtime/Metrics.h"
 #include "runtime/Optimizer.h"
@@ -269,7 +270,10 @@ private:
     return int32_t(inFlight.size() - 1);
   }
 
+  // The step calls these between its kernels: the device finishes what it
+  // started before host code (MPI, copies) touches the arena.
   int32_t startGather(int32_t stage, int32_t slot) {
+    synchronizeDevice();
     ShardSlice s = shardSlice(plan, stage, 0);
     float *out = region(plan.weightSlots[slot].offset);
     if (dp == 1) {
@@ -280,6 +284,7 @@ private:
   }
 
   int32_t startReduce(int32_t stage, int32_t slot) {
+    synchronizeDevice();
     ShardSlice s = shardSlice(plan, stage, 0);
     const SlotInfo &g = plan.gradSlots[slot];
     float *shard = gradShard + s.shardOffset;
@@ -295,6 +300,7 @@ private:
   }
 
   void finish(int32_t request) {
+    synchronizeDevice();
     std::optional<InFlight> &op = inFlight.at(request);
     op->request.wait();
     if (op->add)
@@ -339,18 +345,14 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   if (!data)
     return data.status();
 
-  size_t arenaBytes = (plan.arenaBytes + 63) / 64 * 64;
-  std::unique_ptr<char, decltype(&std::free)> arena(
-      static_cast<char *>(std::aligned_alloc(64, arenaBytes)), &std::free);
-  if (!arena)
-    return errorf("cannot allocate the model's %lld-byte arena",
-                  (long long)plan.arenaBytes);
   // Padding (between parameters and at the ends of stages) starts zero and
   // stays zero: no optimizer chunk covers it, so the master shards keep the
   // zeros they are copied with and the all-gathers bring them back.
-  std::memset(arena.get(), 0, arenaBytes);
+  Expected<ArenaPtr> arena = allocateArena(plan.arenaBytes);
+  if (!arena)
+    return arena.status();
   auto region = [&](int64_t offset) {
-    return reinterpret_cast<float *>(arena.get() + offset);
+    return reinterpret_cast<float *>(arena->get() + offset);
   };
   float *params = plan.paramsOffset >= 0 ? region(plan.paramsOffset) : nullptr;
   float *grads = plan.gradsOffset >= 0 ? region(plan.gradsOffset) : nullptr;
@@ -358,9 +360,9 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   float *master = region(plan.masterOffset), *adamM = region(plan.adamMOffset),
         *adamV = region(plan.adamVOffset),
         *gradShard = region(plan.gradShardOffset);
-  auto *tokens = reinterpret_cast<int64_t *>(arena.get() + plan.tokensOffset);
-  auto *targets = reinterpret_cast<int64_t *>(arena.get() + plan.targetsOffset);
-  Zero zero(plan, comm, arena.get());
+  auto *tokens = reinterpret_cast<int64_t *>(arena->get() + plan.tokensOffset);
+  auto *targets = reinterpret_cast<int64_t *>(arena->get() + plan.targetsOffset);
+  Zero zero(plan, comm, arena->get());
   // The full weights, where the step reads them (ZeRO-1/2) or, for ZeRO-3,
   // outside the arena while they are loaded and for --save-weights.
   std::vector<float> fullOutside;
@@ -477,7 +479,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     double lossSum = 0;
     for (int64_t micro = 0; micro < opts.gradAccum; ++micro) {
       fillMicroBatch(*data, sampler, s, rank, micro, tokens, targets);
-      lossSum += step(arena.get(), zero.collectives());
+      lossSum += step(arena->get(), zero.collectives());
+      synchronizeDevice();
     }
     if (dp > 1) {
       // The step's loss is the mean over the global batch; summing the ranks'

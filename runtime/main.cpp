@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/Comm.h"
+#include "runtime/Device.h"
 #include "runtime/Flags.h"
 #include "runtime/ModelABI.h"
 #include "runtime/Plan.h"
@@ -29,6 +30,11 @@ int main(int argc, char **argv) {
     return 1;
   }
   const bool leader = (*comm)->rank() == 0;
+  if (Status s = initDevice((*comm)->localRank()); !s.ok()) {
+    if (leader)
+      std::fprintf(stderr, "train: error: %s\n", s.message().c_str());
+    return 1;
+  }
   const PlanInfo &plan = *fastllm_plan();
   // A plan the runtime cannot trust is not read further, not even for --help.
   Status s = validatePlan(plan);

@@ -229,7 +229,7 @@ static bool buildBinary(StringRef dir) {
       "-mprefer-vector-width=512", "-fopenmp",
       "-I" FASTLLM_SOURCE_DIR, std::string(source),
       lib + "/libfastllm_rt_main.a", lib + "/libfastllm_rt.a",
-      lib + "/libfastllm_cpu_kernels.a",
+      lib + "/libfastllm_rt_cpu.a", lib + "/libfastllm_cpu_kernels.a",
       "-lopenblas", "-lmpi", "-lm", "-o", std::string(binary)};
   SmallVector<StringRef> argRefs(args.begin(), args.end());
   std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log),
@@ -437,7 +437,7 @@ int fastllm::compileMain(int argc, char **argv) {
 
   std::string source;
   raw_string_ostream sourceStream(source);
-  if (failed(fastllm::emitCpuSource(*module, sourceStream)))
+  if (failed(fastllm::emitSource(*module, fastllm::Target::Cpu, sourceStream)))
     return 1;
   if (!writeFile(path("train_step.cpp"), source))
     return 1;

@@ -1,0 +1,39 @@
+//===- Device.h - the machine the generated step runs on --------*- C++ -*-===//
+//
+// The runtime is the same for every target; what differs between the CPU and
+// the CUDA build of a training binary is declared here and defined once per
+// target (runtime/cpu/Device.cpp, runtime/cuda/Device.cu), in the target's
+// library that the binary links beside the generated step.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_RUNTIME_DEVICE_H
+#define FASTLLM_RUNTIME_DEVICE_H
+
+#include "runtime/Status.h"
+
+#include <cstdint>
+#include <memory>
+
+namespace fastllm::rt {
+
+/// The PlanInfo::target this build trains: "cpu" or "cuda".
+const char *deviceTarget();
+
+/// Prepares the device for the process that is local rank `localRank` on
+/// its machine (CUDA: picks GPU localRank % count). An error names what is
+/// missing (no GPU, a driver too old).
+Status initDevice(int localRank);
+
+/// The arena: zeroed, 64-byte aligned, read and written by the runtime's
+/// host code and by the step (CUDA: managed memory).
+using ArenaPtr = std::unique_ptr<char, void (*)(char *)>;
+Expected<ArenaPtr> allocateArena(int64_t bytes);
+
+/// Returns once the work the step started on the device is done, so that
+/// host code may read or write the arena.
+void synchronizeDevice();
+
+} // namespace fastllm::rt
+
+#endif // FASTLLM_RUNTIME_DEVICE_H
