@@ -28,7 +28,13 @@ Status initDevice(int localRank);
 /// The arena: zeroed, 64-byte aligned, read and written by the runtime's
 /// host code and by the step (CUDA: managed memory).
 using ArenaPtr = std::unique_ptr<char, void (*)(char *)>;
-Expected<ArenaPtr> allocateArena(int64_t bytes);
+struct Arena {
+  ArenaPtr data;
+  /// What the allocation measurably took: its size in host memory (CPU),
+  /// the drop in the GPU's free memory once it is resident (CUDA).
+  int64_t measuredBytes;
+};
+Expected<Arena> allocateArena(int64_t bytes);
 
 /// Returns once the work the step started on the device is done, so that
 /// host code may read or write the arena.

@@ -348,9 +348,10 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   // Padding (between parameters and at the ends of stages) starts zero and
   // stays zero: no optimizer chunk covers it, so the master shards keep the
   // zeros they are copied with and the all-gathers bring them back.
-  Expected<ArenaPtr> arena = allocateArena(plan.arenaBytes);
-  if (!arena)
-    return arena.status();
+  Expected<Arena> allocated = allocateArena(plan.arenaBytes);
+  if (!allocated)
+    return allocated.status();
+  ArenaPtr *arena = &allocated->data;
   auto region = [&](int64_t offset) {
     return reinterpret_cast<float *>(arena->get() + offset);
   };
@@ -532,7 +533,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     record.gradNorm = gradNorm;
     record.tokensPerSecond = tokensPerStep / seconds;
     record.stepMs = seconds * 1e3;
-    record.memBytes = plan.arenaBytes;
+    record.memBytes = allocated->measuredBytes;
     record.reduceScatterBytes = comm.bytes().reduceScatter;
     record.allGatherBytes = comm.bytes().allGather - dumpGatherBytes;
     record.allReduceBytes = comm.bytes().allReduce;
@@ -591,6 +592,10 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     std::fprintf(log, "done: %lld steps in %s, %.0f tok/s\n", (long long)ran,
                  formatDuration(totalSeconds).c_str(),
                  tokensPerStep * double(ran) / totalSeconds);
+  if (log)
+    std::fprintf(log, "memory: the arena took %lld bytes (plan %lld)\n",
+                 (long long)allocated->measuredBytes,
+                 (long long)plan.arenaBytes);
   if (log && commFirst) {
     // The plan's figures, as the compiler proved the schedule.
     long long reduce = plan.reduceScatterBytesPerStep +

@@ -30,11 +30,6 @@ int main(int argc, char **argv) {
     return 1;
   }
   const bool leader = (*comm)->rank() == 0;
-  if (Status s = initDevice((*comm)->localRank()); !s.ok()) {
-    if (leader)
-      std::fprintf(stderr, "train: error: %s\n", s.message().c_str());
-    return 1;
-  }
   const PlanInfo &plan = *fastllm_plan();
   // A plan the runtime cannot trust is not read further, not even for --help.
   Status s = validatePlan(plan);
@@ -46,6 +41,10 @@ int main(int argc, char **argv) {
     return 0;
   }
   s = opts ? checkWorldSize(plan, (*comm)->size()) : opts.status();
+  // The device last: --help and flag errors need none (a CUDA binary on a
+  // machine without a GPU still explains itself).
+  if (s.ok())
+    s = initDevice((*comm)->localRank());
   if (!s.ok()) {
     if (leader)
       std::fprintf(stderr, "train: error: %s\n", s.message().c_str());

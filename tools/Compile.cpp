@@ -86,7 +86,7 @@ static Report makeReport(const fastllm::MemoryPlan &plan) {
 }
 
 static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
-                            int64_t batch, int64_t seq) {
+                            StringRef target, int64_t batch, int64_t seq) {
   json::Array params;
   for (auto p : module.getOps<fastllm::model::ParameterOp>()) {
     json::Array shape;
@@ -115,7 +115,7 @@ static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
   };
   Report r = makeReport(plan);
   json::Object root{
-      {"target", "cpu"},
+      {"target", target.str()},
       {"dp", plan.dataParallel},
       {"zero_stage", plan.zeroStage},
       {"full_precision_gradients", plan.fullPrecisionGradients != 0},
@@ -207,44 +207,83 @@ static void printReport(const fastllm::MemoryPlan &plan, raw_ostream &os) {
      << " B per micro-batch, all-reduce " << r.allReduce << " B per step\n";
 }
 
-/// Compiles and links the training binary; the compiler's output goes to
-/// DIR/build.log and is shown on failure.
-static bool buildBinary(StringRef dir) {
-  std::string cxx = FASTLLM_HOST_CXX;
-  if (const char *env = std::getenv("FASTLLM_CXX"))
-    cxx = env;
-  auto program = sys::findProgramByName(cxx);
+/// Runs `args` (args[0] is the program), its output going to `log`; on
+/// failure prints what failed and the log.
+static bool runLogged(ArrayRef<std::string> args, StringRef log,
+                      StringRef what) {
+  auto program = sys::findProgramByName(args[0]);
   if (!program) {
-    compileError() << "cannot find the C++ compiler '" << cxx
-                   << "' (set FASTLLM_CXX)\n";
+    compileError() << "cannot find '" << args[0] << "' to " << what << "\n";
     return false;
   }
-  SmallString<256> source(dir), binary(dir), log(dir);
-  sys::path::append(source, "train_step.cpp");
-  sys::path::append(binary, "train");
-  sys::path::append(log, "build.log");
-  std::string lib = FASTLLM_RUNTIME_LIB_DIR;
-  SmallVector<std::string> args = {
-      *program, "-std=c++17", "-O3", "-march=native",
-      "-mprefer-vector-width=512", "-fopenmp",
-      "-I" FASTLLM_SOURCE_DIR, std::string(source),
-      lib + "/libfastllm_rt_main.a", lib + "/libfastllm_rt.a",
-      lib + "/libfastllm_rt_cpu.a", lib + "/libfastllm_cpu_kernels.a",
-      "-lopenblas", "-lmpi", "-lm", "-o", std::string(binary)};
   SmallVector<StringRef> argRefs(args.begin(), args.end());
-  std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log),
-                                          StringRef(log)};
+  std::optional<StringRef> redirects[] = {std::nullopt, log, log};
   std::string error;
   int rc = sys::ExecuteAndWait(*program, argRefs, std::nullopt, redirects, 0, 0,
                                &error);
   if (rc != 0) {
-    compileError() << "building " << binary << " failed"
-                   << (error.empty() ? "" : ": " + error) << "\n";
+    compileError() << what << " failed" << (error.empty() ? "" : ": " + error)
+                   << "\n";
     if (auto text = MemoryBuffer::getFile(log))
       errs() << (*text)->getBuffer();
     return false;
   }
   return true;
+}
+
+/// Compiles and links the training binary DIR/train: the generated step, the
+/// runtime, and the target's device and kernel libraries. The compilers'
+/// output goes to DIR/build.log and is shown on failure. CUDA: nvcc compiles
+/// the step (for FASTLLM_CUDA_ARCH, with the host compiler as nvcc's host
+/// compiler) and the host compiler links.
+static bool buildBinary(StringRef dir, fastllm::Target target) {
+  std::string cxx = FASTLLM_HOST_CXX;
+  if (const char *env = std::getenv("FASTLLM_CXX"))
+    cxx = env;
+  const bool cuda = target == fastllm::Target::Cuda;
+  auto path = [&](StringRef name) {
+    SmallString<256> p(dir);
+    sys::path::append(p, name);
+    return std::string(p);
+  };
+  std::string source = path(cuda ? "train_step.cu" : "train_step.cpp");
+  std::string log = path("build.log"), binary = path("train");
+  std::string lib = FASTLLM_RUNTIME_LIB_DIR;
+  std::vector<std::string> link = {cxx, "-fopenmp"};
+  if (cuda) {
+    std::string nvcc = FASTLLM_NVCC;
+    if (const char *env = std::getenv("FASTLLM_NVCC"))
+      nvcc = env;
+    if (nvcc.empty()) {
+      compileError() << "this fastllm-opt was built without the CUDA toolkit "
+                        "(nvcc not found), so it cannot build a CUDA binary; "
+                        "--emit source writes train_step.cu (or set "
+                        "FASTLLM_NVCC)\n";
+      return false;
+    }
+    std::string object = path("train_step.o");
+    if (!runLogged({nvcc, "-std=c++17", "-O3", "-arch=" FASTLLM_CUDA_ARCH,
+                    "-ccbin", cxx, "-I" FASTLLM_SOURCE_DIR, "-c", source,
+                    "-o", object},
+                   log, "compiling " + source + " with nvcc"))
+      return false;
+    std::string cudaLib = FASTLLM_CUDA_LIBRARY_DIR;
+    link.insert(link.end(),
+                {object, lib + "/libfastllm_rt_main.a", lib + "/libfastllm_rt.a",
+                 lib + "/libfastllm_rt_cuda.a",
+                 lib + "/libfastllm_cuda_kernels.a", "-L" + cudaLib,
+                 "-Wl,-rpath," + cudaLib, "-lcublas", "-lcublasLt",
+                 "-lcudart"});
+  } else {
+    link.insert(link.end(),
+                {"-std=c++17", "-O3", "-march=native",
+                 "-mprefer-vector-width=512", "-I" FASTLLM_SOURCE_DIR, source,
+                 lib + "/libfastllm_rt_main.a", lib + "/libfastllm_rt.a",
+                 lib + "/libfastllm_rt_cpu.a", lib + "/libfastllm_cpu_kernels.a",
+                 "-lopenblas"});
+  }
+  link.insert(link.end(), {"-lmpi", "-lm", "-o", binary});
+  return runLogged(link, log, "building " + binary);
 }
 
 int fastllm::compileMain(int argc, char **argv) {
@@ -263,8 +302,10 @@ int fastllm::compileMain(int argc, char **argv) {
   cl::list<std::string> bindDims(
       "bind-dim", cl::desc("Bind another symbolic dim NAME to V (repeatable)"),
       cl::value_desc("NAME=V"), cl::cat(category));
-  cl::opt<std::string> target("target", cl::desc("cpu (cuda: not yet)"),
-                              cl::init("cpu"), cl::cat(category));
+  cl::opt<std::string> target(
+      "target",
+      cl::desc("cpu, or cuda (CUDA C++ built with nvcc; fp32 for now)"),
+      cl::init("cpu"), cl::cat(category));
   cl::opt<int64_t> dp("dp", cl::desc("Data-parallel ranks (mpirun -np N)"),
                       cl::init(1), cl::cat(category));
   cl::opt<int64_t> zeroStage(
@@ -314,11 +355,13 @@ int fastllm::compileMain(int argc, char **argv) {
       "training program in the output folder: plan.mlir, train_step.cpp, "
       "weights.safetensors, plan.json and the `train` binary\n");
 
-  if (target != "cpu") {
+  if (target != "cpu" && target != "cuda") {
     compileError() << "--target " << target
-                   << " is not supported yet (supported: cpu)\n";
+                   << " is not supported (supported: cpu, cuda)\n";
     return 1;
   }
+  const fastllm::Target emitTarget =
+      target == "cuda" ? fastllm::Target::Cuda : fastllm::Target::Cpu;
   if (dp < 1) {
     compileError() << "--dp must be at least 1, got " << dp << "\n";
     return 1;
@@ -428,7 +471,7 @@ int fastllm::compileMain(int argc, char **argv) {
     if (!writeFile(path("plan.mlir"), text))
       return 1;
   }
-  if (!writeFile(path("plan.json"), planJson(*module, *plan, batchSize, seqLen)))
+  if (!writeFile(path("plan.json"), planJson(*module, *plan, target, batchSize, seqLen)))
     return 1;
   if (report)
     printReport(*plan, outs());
@@ -437,13 +480,15 @@ int fastllm::compileMain(int argc, char **argv) {
 
   std::string source;
   raw_string_ostream sourceStream(source);
-  if (failed(fastllm::emitSource(*module, fastllm::Target::Cpu, sourceStream)))
+  if (failed(fastllm::emitSource(*module, emitTarget, sourceStream)))
     return 1;
-  if (!writeFile(path("train_step.cpp"), source))
+  if (!writeFile(path(emitTarget == fastllm::Target::Cuda ? "train_step.cu"
+                                                          : "train_step.cpp"),
+                 source))
     return 1;
   if (failed(fastllm::writeWeights(*module, path("weights.safetensors"))))
     return 1;
   if (emit == "source")
     return 0;
-  return buildBinary(outDir) ? 0 : 1;
+  return buildBinary(outDir, emitTarget) ? 0 : 1;
 }

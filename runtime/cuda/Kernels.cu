@@ -1,0 +1,1745 @@
+//===- Kernels.cu - CUDA kernels for generated training code --------------===//
+//
+// Row kernels (softmax, norms, losses) give a row to a block: each thread
+// accumulates a strided part of the row, then blockAllReduce combines the
+// threads' values with warp shuffles and one pass over the warps, always in
+// the same order. Where rows must be combined (parameter gradients, loss
+// sums) the combination has a fixed shape too, so every result is a function
+// of the shapes and is the same from run to run.
+//
+// The host code of each kernel only packs the host shape arrays into kernel
+// parameters (the plan* functions, declared in Kernels.cuh for the tests) and
+// launches; nothing here synchronises with the GPU.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/Kernels.cuh"
+
+#include <cublas_v2.h>
+
+#include <atomic>
+#include <limits>
+#include <type_traits>
+
+namespace fastllm::rt::cuda {
+
+using detail::globalThread;
+using detail::gridFor;
+using detail::gridThreads;
+using detail::LaunchConfig;
+using detail::rowsFor;
+using detail::StridedIndex;
+
+//===----------------------------------------------------------------------===//
+// The stream
+//===----------------------------------------------------------------------===//
+
+namespace {
+std::atomic<cudaStream_t> currentStream{nullptr};
+} // namespace
+
+cudaStream_t stream() { return currentStream.load(std::memory_order_relaxed); }
+
+void setStream(cudaStream_t s) {
+  currentStream.store(s, std::memory_order_relaxed);
+}
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Helpers
+//===----------------------------------------------------------------------===//
+
+/// Threads of the kernels that run as a single block (loss sums, counts).
+constexpr int kSingleBlockThreads = 1024;
+
+/// Columns per block, and threads per column, of the kernels that sum over
+/// rows into columns (reduce along a non-contiguous dim, norm gradients).
+constexpr int kColumnTile = 32;
+constexpr int kColumnLanes = 16;
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+/// Device memory for the temporaries of one call, from the stream-ordered
+/// allocator: allocated and freed in order on stream(), so nothing waits,
+/// and the pool serves it again on later calls. Zero elements allocate
+/// nothing.
+template <typename T> class Scratch {
+public:
+  explicit Scratch(int64_t count) {
+    if (count > 0)
+      FASTLLM_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void **>(&ptr),
+                                         size_t(count) * sizeof(T), stream()));
+  }
+  ~Scratch() {
+    if (ptr)
+      FASTLLM_CUDA_CHECK(cudaFreeAsync(ptr, stream()));
+  }
+  Scratch(const Scratch &) = delete;
+  Scratch &operator=(const Scratch &) = delete;
+
+  T *get() const { return ptr; }
+
+private:
+  T *ptr = nullptr;
+};
+
+struct Plus {
+  template <typename T> __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+/// max(acc, x) that returns NaN once either is NaN, as torch.max does.
+struct MaxNan {
+  template <typename T> __device__ T operator()(T acc, T x) const {
+    return (x > acc || x != x) ? x : acc;
+  }
+};
+
+/// Combines `value` over the warp with a butterfly: every lane ends with the
+/// same result (each step combines the same two values on both sides).
+template <typename T, typename Combine>
+__device__ T warpAllReduce(T value, Combine combine) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    value = combine(value, __shfl_xor_sync(kFullMask, value, offset));
+  return value;
+}
+
+/// Combines `value` over a one-dimensional block (a multiple of 32 threads)
+/// and returns the result to every thread. Every thread must call it.
+template <typename T, typename Combine>
+__device__ T blockAllReduce(T value, Combine combine) {
+  __shared__ T partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  value = warpAllReduce(value, combine);
+  __syncthreads(); // a previous call may still be reading `partial`
+  if (lane == 0)
+    partial[warp] = value;
+  __syncthreads();
+  value = partial[0];
+  for (int w = 1; w < int(blockDim.x / 32); ++w)
+    value = combine(value, partial[w]);
+  return value;
+}
+
+template <typename T> T lowest() {
+  return std::numeric_limits<T>::has_infinity
+             ? -std::numeric_limits<T>::infinity()
+             : std::numeric_limits<T>::lowest();
+}
+
+/// Row-major strides of a contiguous tensor.
+void contiguousStrides(int rank, const int64_t *shape, int64_t *strides) {
+  int64_t s = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    strides[d] = s;
+    s *= shape[d];
+  }
+}
+
+int64_t numElements(int rank, const int64_t *shape) {
+  int64_t n = 1;
+  for (int d = 0; d < rank; ++d)
+    n *= shape[d];
+  return n;
+}
+
+void checkLaunch() { FASTLLM_CUDA_CHECK(cudaGetLastError()); }
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Plans: host shapes to kernel parameters
+//===----------------------------------------------------------------------===//
+
+detail::MatmulPlan detail::planMatmul(int batchRank, const int64_t *batchShape,
+                                      const int64_t *aBatchStrides,
+                                      const int64_t *bBatchStrides, int64_t m,
+                                      int64_t k, bool transA) {
+  assert(batchRank >= 0 && batchRank <= kMaxRank && "rank above kMaxRank");
+  int64_t dims[kMaxRank], strides[2][kMaxRank];
+  for (int d = 0; d < batchRank; ++d) {
+    dims[d] = batchShape[d];
+    strides[0][d] = aBatchStrides[d];
+    strides[1][d] = bBatchStrides[d];
+  }
+  int rank = collapseDims(batchRank, dims, 2, strides);
+  MatmulPlan plan{};
+  plan.m = m;
+  plan.count = 1;
+  plan.calls = 1;
+  // A stack of A matrices times one shared B is a single taller product.
+  if (rank == 1 && strides[1][0] == 0 && strides[0][0] == m * k && !transA) {
+    plan.m = m * dims[0];
+    return plan;
+  }
+  if (rank == 0)
+    return plan;
+  // The innermost batch dim is the batch of one strided call; the outer
+  // ones give each call its first matrices.
+  plan.count = dims[rank - 1];
+  plan.aStride = strides[0][rank - 1];
+  plan.bStride = strides[1][rank - 1];
+  plan.aFirst.rank = plan.bFirst.rank = rank - 1;
+  for (int d = 0; d < rank - 1; ++d) {
+    plan.aFirst.shape[d] = plan.bFirst.shape[d] = dims[d];
+    plan.aFirst.strides[d] = strides[0][d];
+    plan.bFirst.strides[d] = strides[1][d];
+    plan.calls *= dims[d];
+  }
+  return plan;
+}
+
+detail::TransposePlan detail::planTranspose(int rank, const int64_t *inShape,
+                                            const int64_t *perm) {
+  assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
+  TransposePlan plan{};
+  int64_t inStrides[kMaxRank], strides[1][kMaxRank];
+  contiguousStrides(rank, inShape, inStrides);
+  plan.total = 1;
+  for (int d = 0; d < rank; ++d) {
+    plan.dims[d] = inShape[perm[d]];
+    strides[0][d] = inStrides[perm[d]];
+    plan.total *= plan.dims[d];
+  }
+  if (plan.total == 0)
+    return plan;
+  const int r = plan.rank = collapseDims(rank, plan.dims, 1, strides);
+  std::copy_n(strides[0], r, plan.inStrides);
+  // When the last dim stays last, whole rows move.
+  if (r == 0 || plan.inStrides[r - 1] == 1)
+    return plan;
+
+  // Otherwise the input's contiguous dim q lands before the output's last.
+  plan.tiled = true;
+  int q = 0;
+  while (plan.inStrides[q] != 1)
+    ++q;
+  int64_t outStrides[kMaxRank];
+  contiguousStrides(r, plan.dims, outStrides);
+  for (int d = 0; d < r - 1; ++d) {
+    if (d == q)
+      continue;
+    int o = plan.outerIn.rank++;
+    plan.outerOut.rank++;
+    plan.outerIn.shape[o] = plan.outerOut.shape[o] = plan.dims[d];
+    plan.outerIn.strides[o] = plan.inStrides[d];
+    plan.outerOut.strides[o] = outStrides[d];
+  }
+  plan.qSize = plan.dims[q];
+  plan.lastSize = plan.dims[r - 1];
+  plan.qOutStride = outStrides[q];
+  plan.lastInStride = plan.inStrides[r - 1];
+  plan.qTiles = (plan.qSize + kTransposeTile - 1) / kTransposeTile;
+  plan.lastTiles = (plan.lastSize + kTransposeTile - 1) / kTransposeTile;
+  plan.numTiles =
+      plan.total / (plan.qSize * plan.lastSize) * plan.qTiles * plan.lastTiles;
+  return plan;
+}
+
+detail::ReducePlan detail::planReduce(int rank, const int64_t *shape,
+                                      const bool *reducedDims) {
+  assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
+  ReducePlan plan{};
+  plan.keptCount = plan.redCount = 1;
+  for (int d = 0; d < rank; ++d)
+    (reducedDims[d] ? plan.redCount : plan.keptCount) *= shape[d];
+  // Drop size-1 dims and merge neighbours with the same role: the input is
+  // contiguous, so such runs are single dims.
+  int64_t dims[kMaxRank];
+  bool reduced[kMaxRank];
+  int r = 0;
+  for (int d = 0; d < rank; ++d) {
+    if (shape[d] == 1)
+      continue;
+    if (r > 0 && reduced[r - 1] == reducedDims[d]) {
+      dims[r - 1] *= shape[d];
+      continue;
+    }
+    dims[r] = shape[d];
+    reduced[r++] = reducedDims[d];
+  }
+  int64_t strides[kMaxRank];
+  contiguousStrides(r, dims, strides);
+  for (int d = 0; d < r; ++d) {
+    StridedIndex &walk = reduced[d] ? plan.red : plan.kept;
+    walk.shape[walk.rank] = dims[d];
+    walk.strides[walk.rank++] = strides[d];
+  }
+  plan.innerReduced = r > 0 && reduced[r - 1];
+  return plan;
+}
+
+int64_t detail::gatherGradBands(int64_t outer, int64_t dimSize, int64_t inner) {
+  // Enough threads to fill a large GPU; each further band costs every
+  // thread one more scan of the indices.
+  constexpr int64_t kWantedThreads = 1 << 16;
+  constexpr int64_t kMaxBands = 64;
+  int64_t columns = std::max<int64_t>(outer * inner, 1);
+  int64_t bands = (kWantedThreads + columns - 1) / columns;
+  return std::clamp<int64_t>(
+      bands, 1, std::min(kMaxBands, std::max<int64_t>(dimSize, 1)));
+}
+
+//===----------------------------------------------------------------------===//
+// Matmul
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+void checkCublas(cublasStatus_t status, const char *what, const char *file,
+                 int line) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    detail::fail(file, line, what, cublasGetStatusString(status));
+}
+
+#define FASTLLM_CUBLAS_CHECK(expr)                                             \
+  checkCublas((expr), #expr, __FILE__, __LINE__)
+
+/// The process's cuBLAS handle, created on first use for the current device.
+/// It is never destroyed: at exit that would race the CUDA runtime's own
+/// teardown.
+cublasHandle_t cublasHandle() {
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h;
+    FASTLLM_CUBLAS_CHECK(cublasCreate(&h));
+    // No TF32 tensor-op math: with CUBLAS_COMPUTE_32F below, products are
+    // full fp32, as on the CPU.
+    FASTLLM_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    return h;
+  }();
+  return handle;
+}
+
+} // namespace
+
+void matmul(float *c, const float *a, const float *b, int batchRank,
+            const int64_t *batchShape, const int64_t *aBatchStrides,
+            const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
+            bool transA, bool transB) {
+  int64_t batch = numElements(batchRank, batchShape);
+  if (batch == 0 || m == 0 || n == 0)
+    return;
+  if (k == 0)
+    return fill(c, batch * m * n, 0.f);
+  const detail::MatmulPlan plan = detail::planMatmul(
+      batchRank, batchShape, aBatchStrides, bBatchStrides, m, k, transA);
+  cublasHandle_t handle = cublasHandle();
+  FASTLLM_CUBLAS_CHECK(cublasSetStream(handle, stream()));
+  // cuBLAS is column-major, and a row-major [r, c] matrix read column-major
+  // is its [c, r] transpose. So the row-major C = op(A)·op(B) is computed as
+  // the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: B first, each operand with its own
+  // transpose flag, leading dimensions the row-major row lengths.
+  const float alpha = 1.f, beta = 0.f;
+  const int64_t lda = transA ? m : k, ldb = transB ? k : n;
+  const cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+  for (int64_t call = 0; call < plan.calls; ++call)
+    FASTLLM_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(
+        handle, opB, opA, n, plan.m, k, &alpha, b + plan.bFirst.offset(call),
+        CUDA_R_32F, ldb, plan.bStride, a + plan.aFirst.offset(call), CUDA_R_32F,
+        lda, plan.aStride, &beta, c + call * plan.count * plan.m * n,
+        CUDA_R_32F, n, plan.m * n, plan.count, CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
+}
+
+//===----------------------------------------------------------------------===//
+// Data movement
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+template <typename T> struct Identity {
+  __host__ __device__ T operator()(T x) const { return x; }
+};
+
+/// Transposes the tiles of plan (see TransposePlan), one 32 x 32 tile per
+/// block iteration with a 32 x 8 block: read with threadIdx.x along the
+/// input's contiguous dim q, written with threadIdx.x along the output's
+/// contiguous last dim, through shared memory padded against bank conflicts.
+template <typename T>
+__global__ void transposeTilesKernel(T *out, const T *in,
+                                     detail::TransposePlan plan) {
+  constexpr int kTile = detail::kTransposeTile;
+  __shared__ T tile[kTile][kTile + 1]; // [last][q]
+  for (int64_t t = blockIdx.x; t < plan.numTiles; t += gridDim.x) {
+    const int64_t lastTile = t % plan.lastTiles;
+    const int64_t qTile = t / plan.lastTiles % plan.qTiles;
+    const int64_t outer = t / (plan.lastTiles * plan.qTiles);
+    const T *src = in + plan.outerIn.offset(outer);
+    T *dst = out + plan.outerOut.offset(outer);
+    const int64_t q0 = qTile * kTile, l0 = lastTile * kTile;
+    const int64_t qRead = q0 + threadIdx.x;
+    for (int j = threadIdx.y; j < kTile; j += blockDim.y)
+      if (qRead < plan.qSize && l0 + j < plan.lastSize)
+        tile[j][threadIdx.x] = src[qRead + (l0 + j) * plan.lastInStride];
+    __syncthreads();
+    const int64_t lWrite = l0 + threadIdx.x;
+    for (int i = threadIdx.y; i < kTile; i += blockDim.y)
+      if (q0 + i < plan.qSize && lWrite < plan.lastSize)
+        dst[(q0 + i) * plan.qOutStride + lWrite] = tile[threadIdx.x][i];
+    __syncthreads();
+  }
+}
+
+/// dst[at.offset(i)] = src[i] for i < total: a contiguous source written
+/// into a strided destination, one element per thread.
+template <typename T>
+__global__ void scatterKernel(T *dst, StridedIndex at, int64_t total,
+                              const T *src) {
+  for (int64_t i = globalThread(); i < total; i += gridThreads())
+    dst[at.offset(i)] = src[i];
+}
+
+/// dst[r·dstPitch + c] = src[r·len + c] for r < rows, c < len: one input of
+/// concat into its columns of the output, one element per thread.
+template <typename T>
+__global__ void copyRowsKernel(T *dst, int64_t dstPitch, const T *src,
+                               int64_t rows, int64_t len) {
+  for (int64_t e = globalThread(); e < rows * len; e += gridThreads()) {
+    int64_t r = e / len, c = e - r * len;
+    dst[r * dstPitch + c] = src[e];
+  }
+}
+
+template <typename Idx>
+__device__ int64_t wrapIndex(Idx index, int64_t dimSize) {
+  int64_t i = index < 0 ? int64_t(index) + dimSize : int64_t(index);
+  assert(i >= 0 && i < dimSize && "gather index out of range");
+  return i;
+}
+
+/// out[o][j][i] = in[o][wrap(idx[j])][i], one output element per thread.
+template <typename T, typename Idx>
+__global__ void gatherKernel(T *out, const T *in, const Idx *idx, int64_t total,
+                             int64_t dimSize, int64_t numIdx, int64_t inner) {
+  for (int64_t u = globalThread(); u < total; u += gridThreads()) {
+    int64_t i = u % inner, oj = u / inner;
+    int64_t j = oj % numIdx, o = oj / numIdx;
+    out[u] = in[(o * dimSize + wrapIndex(idx[j], dimSize)) * inner + i];
+  }
+}
+
+/// Adds dout into the zeroed din: thread (o, band, col) owns column col of
+/// the table rows ≡ band (mod bands) of outer slice o, and walks all the
+/// indices in order of j, adding the rows that land in its band. No two
+/// threads write one element, and each element sees its additions in the
+/// CPU's order.
+template <typename T, typename Idx>
+__global__ void
+gatherGradKernel(T *__restrict__ din, const T *__restrict__ dout,
+                 const Idx *__restrict__ idx, int64_t outer, int64_t dimSize,
+                 int64_t numIdx, int64_t inner, int64_t bands) {
+  for (int64_t u = globalThread(); u < outer * bands * inner;
+       u += gridThreads()) {
+    const int64_t col = u % inner, ob = u / inner;
+    const int64_t band = ob % bands, o = ob / bands;
+    T *table = din + o * dimSize * inner + col;
+    const T *grad = dout + o * numIdx * inner + col;
+    for (int64_t j = 0; j < numIdx; ++j) {
+      int64_t row = wrapIndex(idx[j], dimSize);
+      if (row % bands == band)
+        table[row * inner] += grad[j * inner];
+    }
+  }
+}
+
+/// The strides and first offset of a slice, in elements of the input.
+int64_t sliceLayout(int rank, const int64_t *inShape, const int64_t *start,
+                    const int64_t *stride, int64_t *strides) {
+  contiguousStrides(rank, inShape, strides);
+  int64_t offset = 0;
+  for (int d = 0; d < rank; ++d) {
+    offset += start[d] * strides[d];
+    strides[d] *= stride[d];
+  }
+  return offset;
+}
+
+} // namespace
+
+template <typename T>
+void transpose(T *out, const T *in, int rank, const int64_t *inShape,
+               const int64_t *perm) {
+  const detail::TransposePlan plan = detail::planTranspose(rank, inShape, perm);
+  if (plan.total == 0)
+    return;
+  if (!plan.tiled)
+    return elementwise(out, plan.rank, plan.dims, Identity<T>(),
+                       In<T>{in, plan.inStrides});
+  const dim3 block(detail::kTransposeTile, 8);
+  const unsigned blocks = static_cast<unsigned>(
+      std::min<int64_t>(plan.numTiles, detail::kMaxGridBlocks));
+  transposeTilesKernel<<<blocks, block, 0, stream()>>>(out, in, plan);
+  checkLaunch();
+}
+
+template <typename T>
+void slice(T *out, const T *in, int rank, const int64_t *inShape,
+           const int64_t *start, const int64_t *stride,
+           const int64_t *outShape) {
+  int64_t strides[kMaxRank];
+  int64_t offset = sliceLayout(rank, inShape, start, stride, strides);
+  elementwise(out, rank, outShape, Identity<T>(), In<T>{in + offset, strides});
+}
+
+template <typename T>
+void sliceGrad(T *din, const T *dout, int rank, const int64_t *inShape,
+               const int64_t *start, const int64_t *stride,
+               const int64_t *outShape) {
+  assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
+  const int64_t inCount = numElements(rank, inShape);
+  if (inCount == 0)
+    return;
+  FASTLLM_CUDA_CHECK(
+      cudaMemsetAsync(din, 0, size_t(inCount) * sizeof(T), stream()));
+  StridedIndex at{};
+  const int64_t offset = sliceLayout(rank, inShape, start, stride, at.strides);
+  std::copy_n(outShape, rank, at.shape);
+  const int64_t total = numElements(rank, outShape);
+  if (total == 0)
+    return;
+  // dout is contiguous, so collapsing for the strided side alone keeps its
+  // flat index.
+  at.rank = detail::collapseDims(rank, at.shape, 1, &at.strides);
+  LaunchConfig launch = gridFor(total);
+  scatterKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+      din + offset, at, total, dout);
+  checkLaunch();
+}
+
+template <typename T>
+void concat(T *out, int numInputs, const T *const *ins, const int64_t *sizes,
+            int64_t outer, int64_t inner) {
+  int64_t outRow = 0;
+  for (int i = 0; i < numInputs; ++i)
+    outRow += sizes[i] * inner;
+  int64_t first = 0;
+  for (int i = 0; i < numInputs; ++i) {
+    const int64_t len = sizes[i] * inner;
+    if (len > 0 && outer > 0) { // an empty input may have no buffer
+      LaunchConfig launch = gridFor(outer * len);
+      copyRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+          out + first, outRow, ins[i], outer, len);
+      checkLaunch();
+    }
+    first += len;
+  }
+}
+
+template <typename T, typename Idx>
+void gather(T *out, const T *in, const Idx *idx, int64_t outer, int64_t dimSize,
+            int64_t numIdx, int64_t inner) {
+  const int64_t total = outer * numIdx * inner;
+  if (total == 0)
+    return;
+  LaunchConfig launch = gridFor(total);
+  gatherKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+      out, in, idx, total, dimSize, numIdx, inner);
+  checkLaunch();
+}
+
+template <typename T, typename Idx>
+void gatherGrad(T *din, const T *dout, const Idx *idx, int64_t outer,
+                int64_t dimSize, int64_t numIdx, int64_t inner) {
+  const int64_t tableSize = outer * dimSize * inner;
+  if (tableSize == 0)
+    return;
+  FASTLLM_CUDA_CHECK(
+      cudaMemsetAsync(din, 0, size_t(tableSize) * sizeof(T), stream()));
+  if (numIdx == 0)
+    return;
+  const int64_t bands = detail::gatherGradBands(outer, dimSize, inner);
+  LaunchConfig launch = gridFor(outer * bands * inner);
+  gatherGradKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+      din, dout, idx, outer, dimSize, numIdx, inner, bands);
+  checkLaunch();
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// An accumulator as an output value: divided by meanCount for Mean (> 0).
+template <typename T, typename Acc>
+__device__ T finishReduce(Acc acc, int64_t meanCount) {
+  return static_cast<T>(meanCount > 0 ? acc / meanCount : acc);
+}
+
+/// Reductions along the contiguous dim: a block per output, its threads
+/// striding over the reduced elements (consecutive threads read consecutive
+/// elements).
+template <typename T, typename Acc, typename Combine>
+__global__ void reduceContiguousKernel(T *out, const T *in,
+                                       detail::ReducePlan plan, Acc init,
+                                       Combine combine, int64_t meanCount) {
+  for (int64_t o = blockIdx.x; o < plan.keptCount; o += gridDim.x) {
+    const T *base = in + plan.kept.offset(o);
+    Acc acc = init;
+    for (int64_t r = threadIdx.x; r < plan.redCount; r += blockDim.x)
+      acc = combine(acc, static_cast<Acc>(base[plan.red.offset(r)]));
+    acc = blockAllReduce(acc, combine);
+    if (threadIdx.x == 0)
+      out[o] = finishReduce<T>(acc, meanCount);
+  }
+}
+
+/// Reductions that keep the contiguous dim: a kColumnTile x kColumnLanes
+/// block per kColumnTile consecutive outputs (consecutive threadIdx.x read
+/// consecutive elements); the lanes of one output split its reduced
+/// elements and are combined in lane order.
+template <typename T, typename Acc, typename Combine>
+__global__ void reduceStridedKernel(T *out, const T *in,
+                                    detail::ReducePlan plan, Acc init,
+                                    Combine combine, int64_t meanCount) {
+  __shared__ Acc partial[kColumnLanes][kColumnTile];
+  for (int64_t o0 = int64_t(blockIdx.x) * kColumnTile; o0 < plan.keptCount;
+       o0 += int64_t(gridDim.x) * kColumnTile) {
+    const int64_t o = o0 + threadIdx.x;
+    Acc acc = init;
+    if (o < plan.keptCount) {
+      const T *base = in + plan.kept.offset(o);
+      for (int64_t r = threadIdx.y; r < plan.redCount; r += blockDim.y)
+        acc = combine(acc, static_cast<Acc>(base[plan.red.offset(r)]));
+    }
+    partial[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && o < plan.keptCount) {
+      for (int y = 1; y < kColumnLanes; ++y)
+        acc = combine(acc, partial[y][threadIdx.x]);
+      out[o] = finishReduce<T>(acc, meanCount);
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T, typename Acc, typename Combine>
+void launchReduce(T *out, const T *in, const detail::ReducePlan &plan, Acc init,
+                  Combine combine, int64_t meanCount) {
+  if (plan.innerReduced) {
+    LaunchConfig launch = rowsFor(plan.keptCount);
+    reduceContiguousKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+        out, in, plan, init, combine, meanCount);
+  } else {
+    const unsigned blocks = static_cast<unsigned>(
+        std::clamp<int64_t>((plan.keptCount + kColumnTile - 1) / kColumnTile, 1,
+                            detail::kMaxGridBlocks));
+    reduceStridedKernel<<<blocks, dim3(kColumnTile, kColumnLanes), 0,
+                          stream()>>>(out, in, plan, init, combine, meanCount);
+  }
+  checkLaunch();
+}
+
+} // namespace
+
+template <typename T>
+void reduce(T *out, const T *in, int rank, const int64_t *shape,
+            const bool *reducedDims, ReduceKind kind) {
+  const detail::ReducePlan plan = detail::planReduce(rank, shape, reducedDims);
+  if (plan.keptCount == 0)
+    return;
+  if (plan.redCount == 0) {
+    T empty = kind == ReduceKind::Max ? lowest<T>() : T(0);
+    if (kind == ReduceKind::Mean && std::numeric_limits<T>::has_quiet_NaN)
+      empty = std::numeric_limits<T>::quiet_NaN();
+    return fill(out, plan.keptCount, empty);
+  }
+  // Only size-1 dims reduced: the output is the input.
+  if (plan.red.rank == 0)
+    return copy(out, in, plan.keptCount);
+  if (kind == ReduceKind::Max)
+    return launchReduce(out, in, plan, lowest<T>(), MaxNan{}, 0);
+  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+  launchReduce(out, in, plan, Acc(0), Plus{},
+               kind == ReduceKind::Mean ? plan.redCount : 0);
+}
+
+//===----------------------------------------------------------------------===//
+// Softmax
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Softmax of rows of n (inner == 1), a block per row. A row of only -inf
+/// has max -inf and x - max = NaN: NaN throughout, as in PyTorch.
+__global__ void softmaxRowsKernel(float *y, const float *x, int64_t rows,
+                                  int64_t n, bool log) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float *xr = x + row * n;
+    float *yr = y + row * n;
+    float m = -INFINITY;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      m = MaxNan()(m, xr[i]);
+    m = blockAllReduce(m, MaxNan());
+    float local = 0.f;
+    if (log) {
+      // (x - m) - log Σ: the first difference is exact near the max.
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        local += fastExp(xr[i] - m);
+      const float logSum = logf(blockAllReduce(local, Plus()));
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        yr[i] = (xr[i] - m) - logSum;
+      continue;
+    }
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      float e = fastExp(xr[i] - m);
+      yr[i] = e;
+      local += e;
+    }
+    const float inv = 1.f / blockAllReduce(local, Plus());
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      yr[i] *= inv;
+  }
+}
+
+/// Softmax along n of [outer, n, inner] with inner > 1: a thread per column
+/// (o, i), walking n three times; neighbouring threads read neighbouring
+/// columns.
+__global__ void softmaxColumnsKernel(float *y, const float *x, int64_t outer,
+                                     int64_t n, int64_t inner, bool log) {
+  for (int64_t u = globalThread(); u < outer * inner; u += gridThreads()) {
+    const int64_t base = u / inner * n * inner + u % inner;
+    float m = -INFINITY;
+    for (int64_t j = 0; j < n; ++j)
+      m = MaxNan()(m, x[base + j * inner]);
+    float s = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      float e = fastExp(x[base + j * inner] - m);
+      s += e;
+      if (!log)
+        y[base + j * inner] = e;
+    }
+    s = log ? logf(s) : 1.f / s;
+    for (int64_t j = 0; j < n; ++j) {
+      float &v = y[base + j * inner];
+      v = log ? (x[base + j * inner] - m) - s : v * s;
+    }
+  }
+}
+
+/// softmaxGrad along rows of n (inner == 1), a block per row.
+__global__ void softmaxGradRowsKernel(float *dx, const float *y,
+                                      const float *dy, int64_t rows, int64_t n,
+                                      bool log) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float *yr = y + row * n, *gr = dy + row * n;
+    float *dr = dx + row * n;
+    double local = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      local += log ? double(gr[i]) : double(gr[i]) * yr[i];
+    const float s = static_cast<float>(blockAllReduce(local, Plus()));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      dr[i] = log ? gr[i] - fastExp(yr[i]) * s : yr[i] * (gr[i] - s);
+  }
+}
+
+/// softmaxGrad along n with inner > 1, a thread per column as
+/// softmaxColumnsKernel.
+__global__ void softmaxGradColumnsKernel(float *dx, const float *y,
+                                         const float *dy, int64_t outer,
+                                         int64_t n, int64_t inner, bool log) {
+  for (int64_t u = globalThread(); u < outer * inner; u += gridThreads()) {
+    const int64_t base = u / inner * n * inner + u % inner;
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t at = base + j * inner;
+      sum += log ? double(dy[at]) : double(dy[at]) * y[at];
+    }
+    const float s = static_cast<float>(sum);
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t at = base + j * inner;
+      dx[at] = log ? dy[at] - fastExp(y[at]) * s : y[at] * (dy[at] - s);
+    }
+  }
+}
+
+} // namespace
+
+void softmax(float *y, const float *x, int64_t outer, int64_t n, int64_t inner,
+             bool log) {
+  if (outer == 0 || n == 0 || inner == 0)
+    return;
+  if (inner > 1) {
+    LaunchConfig launch = gridFor(outer * inner);
+    softmaxColumnsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+        y, x, outer, n, inner, log);
+  } else {
+    LaunchConfig launch = rowsFor(outer);
+    softmaxRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+        y, x, outer, n, log);
+  }
+  checkLaunch();
+}
+
+void softmaxGrad(float *dx, const float *y, const float *dy, int64_t outer,
+                 int64_t n, int64_t inner, bool log) {
+  if (outer == 0 || n == 0 || inner == 0)
+    return;
+  if (inner > 1) {
+    LaunchConfig launch = gridFor(outer * inner);
+    softmaxGradColumnsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+        dx, y, dy, outer, n, inner, log);
+  } else {
+    LaunchConfig launch = rowsFor(outer);
+    softmaxGradRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+        dx, y, dy, outer, n, log);
+  }
+  checkLaunch();
+}
+
+//===----------------------------------------------------------------------===//
+// Normalisation
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The mean and 1/√(biased variance + eps) of one row, as floats, from one
+/// pass of Σx and Σx² in double (as the CPU). Every thread of the block must
+/// call it.
+__device__ float2 rowMoments(const float *x, int64_t n, float eps) {
+  double sum = 0, sumSq = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    double v = x[i];
+    sum += v;
+    sumSq += v * v;
+  }
+  sum = blockAllReduce(sum, Plus());
+  sumSq = blockAllReduce(sumSq, Plus());
+  double mean = sum / n;
+  double var = sumSq / n - mean * mean;
+  var = var < 0.0 ? 0.0 : var; // std::max(var, 0.0): NaN stays NaN
+  return make_float2(static_cast<float>(mean),
+                     static_cast<float>(1.0 / sqrt(var + eps)));
+}
+
+/// 1/√(mean(x²) + eps) of one row, as rowMoments.
+__device__ float rowRstd(const float *x, int64_t n, float eps) {
+  double sumSq = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    sumSq += double(x[i]) * x[i];
+  sumSq = blockAllReduce(sumSq, Plus());
+  return static_cast<float>(1.0 / sqrt(sumSq / n + eps));
+}
+
+/// layerNorm, a block per row.
+__global__ void layerNormKernel(float *y, const float *x, const float *scale,
+                                const float *bias, int64_t rows, int64_t cols,
+                                float eps) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float *xr = x + row * cols;
+    float *yr = y + row * cols;
+    const float2 mr = rowMoments(xr, cols, eps);
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      float v = (xr[i] - mr.x) * mr.y * scale[i];
+      yr[i] = bias ? v + bias[i] : v;
+    }
+  }
+}
+
+/// dx of layerNorm, a block per row, also saving each row's (mean, rstd) for
+/// normColumnSumsKernel: dx = rstd·(g - mean(g) - x̂·mean(g·x̂)), g = dy·scale.
+__global__ void layerNormGradRowsKernel(float *dx, float2 *stats,
+                                        const float *x, const float *scale,
+                                        const float *dy, int64_t rows,
+                                        int64_t cols, float eps) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float *xr = x + row * cols, *gr = dy + row * cols;
+    float *dr = dx + row * cols;
+    const float2 mr = rowMoments(xr, cols, eps);
+    const float m = mr.x, r = mr.y;
+    if (threadIdx.x == 0)
+      stats[row] = mr;
+    double sumG = 0, sumGX = 0;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      float g = gr[i] * scale[i];
+      sumG += g;
+      sumGX += double(g) * ((xr[i] - m) * r);
+    }
+    const float a = static_cast<float>(blockAllReduce(sumG, Plus()) / cols);
+    const float b = static_cast<float>(blockAllReduce(sumGX, Plus()) / cols);
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      float xhat = (xr[i] - m) * r;
+      dr[i] = r * (gr[i] * scale[i] - a - xhat * b);
+    }
+  }
+}
+
+/// rmsNorm, a block per row.
+__global__ void rmsNormKernel(float *y, const float *x, const float *scale,
+                              int64_t rows, int64_t cols, float eps) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float *xr = x + row * cols;
+    float *yr = y + row * cols;
+    const float r = rowRstd(xr, cols, eps);
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+      yr[i] = xr[i] * r * scale[i];
+  }
+}
+
+/// dx of rmsNorm, a block per row, saving (0, rstd) per row so that
+/// normColumnSumsKernel's x̂ = (x - 0)·rstd is rmsNorm's x·rstd exactly:
+/// dx = rstd·(g - x̂·mean(g·x̂)), g = dy·scale.
+__global__ void rmsNormGradRowsKernel(float *dx, float2 *stats, const float *x,
+                                      const float *scale, const float *dy,
+                                      int64_t rows, int64_t cols, float eps) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float *xr = x + row * cols, *gr = dy + row * cols;
+    float *dr = dx + row * cols;
+    const float r = rowRstd(xr, cols, eps);
+    if (threadIdx.x == 0)
+      stats[row] = make_float2(0.f, r);
+    double sumGX = 0;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+      sumGX += double(gr[i] * scale[i]) * (xr[i] * r);
+    const float b = static_cast<float>(blockAllReduce(sumGX, Plus()) / cols);
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      float xhat = xr[i] * r;
+      dr[i] = r * (gr[i] * scale[i] - xhat * b);
+    }
+  }
+}
+
+/// dscale[j] = Σ_rows dy·x̂ and dbias[j] = Σ_rows dy (either nullable), with
+/// x̂ = (x - mean)·rstd from the saved row stats: a kColumnTile x
+/// kColumnLanes block per kColumnTile columns, the lanes of a column
+/// splitting the rows and combined in lane order, all in double.
+__global__ void normColumnSumsKernel(float *dscale, float *dbias,
+                                     const float *x, const float *dy,
+                                     const float2 *stats, int64_t rows,
+                                     int64_t cols) {
+  __shared__ double partial[2][kColumnLanes][kColumnTile];
+  for (int64_t c0 = int64_t(blockIdx.x) * kColumnTile; c0 < cols;
+       c0 += int64_t(gridDim.x) * kColumnTile) {
+    const int64_t col = c0 + threadIdx.x;
+    double sumScale = 0, sumBias = 0;
+    if (col < cols)
+      for (int64_t row = threadIdx.y; row < rows; row += blockDim.y) {
+        const float2 s = stats[row];
+        const float g = dy[row * cols + col];
+        const float xhat = (x[row * cols + col] - s.x) * s.y;
+        sumScale += double(g) * xhat;
+        sumBias += g;
+      }
+    partial[0][threadIdx.y][threadIdx.x] = sumScale;
+    partial[1][threadIdx.y][threadIdx.x] = sumBias;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+      for (int y = 1; y < kColumnLanes; ++y) {
+        sumScale += partial[0][y][threadIdx.x];
+        sumBias += partial[1][y][threadIdx.x];
+      }
+      if (dscale)
+        dscale[col] = static_cast<float>(sumScale);
+      if (dbias)
+        dbias[col] = static_cast<float>(sumBias);
+    }
+    __syncthreads();
+  }
+}
+
+void launchNormColumnSums(float *dscale, float *dbias, const float *x,
+                          const float *dy, const float2 *stats, int64_t rows,
+                          int64_t cols) {
+  if (!dscale && !dbias)
+    return;
+  const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(
+      (cols + kColumnTile - 1) / kColumnTile, 1, detail::kMaxGridBlocks));
+  normColumnSumsKernel<<<blocks, dim3(kColumnTile, kColumnLanes), 0,
+                         stream()>>>(dscale, dbias, x, dy, stats, rows, cols);
+  checkLaunch();
+}
+
+} // namespace
+
+void layerNorm(float *y, const float *x, const float *scale, const float *bias,
+               int64_t rows, int64_t cols, float eps) {
+  if (rows == 0 || cols == 0)
+    return;
+  LaunchConfig launch = rowsFor(rows);
+  layerNormKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+      y, x, scale, bias, rows, cols, eps);
+  checkLaunch();
+}
+
+void layerNormGrad(float *dx, float *dscale, float *dbias, const float *x,
+                   const float *scale, const float *dy, int64_t rows,
+                   int64_t cols, float eps) {
+  if (cols == 0)
+    return;
+  Scratch<float2> stats(rows);
+  if (rows > 0) {
+    LaunchConfig launch = rowsFor(rows);
+    layerNormGradRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+        dx, stats.get(), x, scale, dy, rows, cols, eps);
+    checkLaunch();
+  }
+  launchNormColumnSums(dscale, dbias, x, dy, stats.get(), rows, cols);
+}
+
+void rmsNorm(float *y, const float *x, const float *scale, int64_t rows,
+             int64_t cols, float eps) {
+  if (rows == 0 || cols == 0)
+    return;
+  LaunchConfig launch = rowsFor(rows);
+  rmsNormKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+      y, x, scale, rows, cols, eps);
+  checkLaunch();
+}
+
+void rmsNormGrad(float *dx, float *dscale, const float *x, const float *scale,
+                 const float *dy, int64_t rows, int64_t cols, float eps) {
+  if (cols == 0)
+    return;
+  Scratch<float2> stats(rows);
+  if (rows > 0) {
+    LaunchConfig launch = rowsFor(rows);
+    rmsNormGradRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+        dx, stats.get(), x, scale, dy, rows, cols, eps);
+    checkLaunch();
+  }
+  launchNormColumnSums(dscale, nullptr, x, dy, stats.get(), rows, cols);
+}
+
+//===----------------------------------------------------------------------===//
+// Attention
+//===----------------------------------------------------------------------===//
+//
+// All three kernels work on tiles of kAttnTile = 32 query rows and 32 keys,
+// with 8 warps per block. A tile boundary of the queries is one of the keys,
+// so every query row of a block sees at least the first key of every key
+// tile the block visits: running maxima are finite after the first tile.
+//
+// Shared arrays that lanes read down a column (lane = row) have an odd
+// leading dimension, so the 32 lanes hit 32 different banks; arrays read
+// along a row, or by all lanes at one address, are unpadded.
+
+namespace {
+
+constexpr int kAttnTile = 32;
+constexpr int kAttnWarps = 8;
+constexpr int kAttnThreads = kAttnTile * kAttnWarps;
+/// Query rows (forward, dQ) or keys (dK, dV) per warp.
+constexpr int kAttnPerWarp = kAttnTile / kAttnWarps;
+
+__host__ __device__ constexpr int64_t oddStride(int64_t n) { return n | 1; }
+
+/// The forward's shared arrays, as offsets in floats: the block's queries
+/// [32][d], a key tile [32][odd d] and value tile [32][dv], the unnormalised
+/// outputs [32][dv], and each warp's probabilities of one row [8][32].
+struct ForwardShared {
+  int64_t q, k, v, o, p, total;
+  __host__ __device__ ForwardShared(int64_t d, int64_t dv)
+      : q(0), k(q + kAttnTile * d), v(k + kAttnTile * oddStride(d)),
+        o(v + kAttnTile * dv), p(o + kAttnTile * dv), total(p + kAttnThreads) {}
+};
+
+/// The dQ kernel's: the block's queries [32][d] and output gradients
+/// [32][dv], a key tile [32][odd d] and value tile [32][odd dv], the dQ
+/// accumulators [32][d], and each warp's dS of one row [8][32].
+struct QueryGradShared {
+  int64_t q, dout, k, v, dq, ds, total;
+  __host__ __device__ QueryGradShared(int64_t d, int64_t dv)
+      : q(0), dout(q + kAttnTile * d), k(dout + kAttnTile * dv),
+        v(k + kAttnTile * oddStride(d)), dq(v + kAttnTile * oddStride(dv)),
+        ds(dq + kAttnTile * d), total(ds + kAttnThreads) {}
+};
+
+/// The dK/dV kernel's: the block's keys [32][d] and values [32][dv], a query
+/// tile [32][odd d] with its output gradients [32][odd dv], lse [32] and
+/// D [32], the dK and dV accumulators [32][d] and [32][dv], and each warp's
+/// P and dS of one key [8][32] each.
+struct KeyValueGradShared {
+  int64_t k, v, q, dout, lse, dsum, dk, dv, p, ds, total;
+  __host__ __device__ KeyValueGradShared(int64_t d, int64_t dvDim)
+      : k(0), v(k + kAttnTile * d), q(v + kAttnTile * dvDim),
+        dout(q + kAttnTile * oddStride(d)),
+        lse(dout + kAttnTile * oddStride(dvDim)), dsum(lse + kAttnTile),
+        dk(dsum + kAttnTile), dv(dk + kAttnTile * d), p(dv + kAttnTile * dvDim),
+        ds(p + kAttnThreads), total(ds + kAttnThreads) {}
+};
+
+/// dst[r·ld + c] = src[(first + r)·cols + c] for the 32 rows from `first` of
+/// the [t, cols] matrix src, zero past row t. The whole block copies.
+__device__ void loadTile(float *dst, int64_t ld, const float *src,
+                         int64_t first, int64_t t, int64_t cols) {
+  for (int64_t e = threadIdx.x; e < kAttnTile * cols; e += blockDim.x) {
+    int64_t r = e / cols, c = e - r * cols;
+    dst[r * ld + c] = first + r < t ? src[(first + r) * cols + c] : 0.f;
+  }
+}
+
+/// Σ a[c]·b[c] over c < n in double, split over the warp's lanes; every lane
+/// gets the sum.
+__device__ float warpDot(const float *a, const float *b, int64_t n) {
+  double acc = 0;
+  for (int64_t c = threadIdx.x % 32; c < n; c += 32)
+    acc += double(a[c]) * b[c];
+  return static_cast<float>(warpAllReduce(acc, Plus()));
+}
+
+/// Σ a[x]·b[x] over x < n, by one thread.
+__device__ float dot(const float *a, const float *b, int64_t n) {
+  float acc = 0.f;
+  for (int64_t x = 0; x < n; ++x)
+    acc += a[x] * b[x];
+  return acc;
+}
+
+/// The forward: block (problem b, query tile), heaviest tiles first. Warp w
+/// owns rows 4w..4w+3 of the tile. For each key tile up to the diagonal,
+/// lane l scores key l against a row, the warp updates the row's running max
+/// m and sum l (rescaling the row's outputs by e^(m_old - m_new)), and each
+/// lane adds Σ_keys p·v to its columns of the row's output.
+__global__ void __launch_bounds__(kAttnThreads)
+    attentionForwardKernel(float *out, float *lse, const float *q,
+                           const float *k, const float *v, int64_t t, int64_t d,
+                           int64_t dv, float scale) {
+  extern __shared__ float shared[];
+  const ForwardShared at(d, dv);
+  float *qs = shared + at.q, *ks = shared + at.k, *vs = shared + at.v;
+  float *os = shared + at.o, *ps = shared + at.p;
+  const int64_t tiles = (t + kAttnTile - 1) / kAttnTile;
+  const int64_t b = blockIdx.x / tiles;
+  const int64_t i0 = (tiles - 1 - blockIdx.x % tiles) * kAttnTile;
+  const int64_t end = min(t, i0 + int64_t{kAttnTile});
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t ldk = oddStride(d);
+  q += b * t * d;
+  k += b * t * d;
+  v += b * t * dv;
+  out += b * t * dv;
+  lse += b * t;
+
+  loadTile(qs, d, q, i0, t, d);
+  for (int64_t e = threadIdx.x; e < kAttnTile * dv; e += blockDim.x)
+    os[e] = 0.f;
+  float rowMax[kAttnPerWarp], rowSum[kAttnPerWarp];
+  for (int rr = 0; rr < kAttnPerWarp; ++rr) {
+    rowMax[rr] = -INFINITY;
+    rowSum[rr] = 0.f;
+  }
+  float *pw = ps + warp * 32;
+  for (int64_t j0 = 0; j0 < end; j0 += kAttnTile) {
+    __syncthreads(); // every warp is done with the previous tile
+    loadTile(ks, ldk, k, j0, t, d);
+    loadTile(vs, dv, v, j0, t, dv);
+    __syncthreads();
+    for (int rr = 0; rr < kAttnPerWarp; ++rr) {
+      const int r = warp * kAttnPerWarp + rr;
+      const int64_t i = i0 + r;
+      if (i >= t)
+        break;
+      const int64_t j = j0 + lane;
+      const float s =
+          j <= i ? dot(qs + r * d, ks + lane * ldk, d) * scale : -INFINITY;
+      const float mOld = rowMax[rr];
+      const float mNew = MaxNan()(mOld, warpAllReduce(s, MaxNan()));
+      const float rescale = mOld == mNew ? 1.f : fastExp(mOld - mNew);
+      const float p = fastExp(s - mNew); // masked: e^-inf = 0
+      rowSum[rr] = rowSum[rr] * rescale + warpAllReduce(p, Plus());
+      rowMax[rr] = mNew;
+      pw[lane] = p;
+      __syncwarp();
+      const int keys = static_cast<int>(min(int64_t{kAttnTile}, i - j0 + 1));
+      for (int64_t c = lane; c < dv; c += 32) {
+        float acc = os[r * dv + c] * rescale;
+        for (int jj = 0; jj < keys; ++jj)
+          acc += pw[jj] * vs[jj * dv + c];
+        os[r * dv + c] = acc;
+      }
+      __syncwarp();
+    }
+  }
+  for (int rr = 0; rr < kAttnPerWarp; ++rr) {
+    const int r = warp * kAttnPerWarp + rr;
+    const int64_t i = i0 + r;
+    if (i >= t)
+      break;
+    if (lane == 0)
+      lse[i] = rowMax[rr] + logf(rowSum[rr]);
+    const float inv = 1.f / rowSum[rr];
+    for (int64_t c = lane; c < dv; c += 32)
+      out[i * dv + c] = os[r * dv + c] * inv;
+  }
+}
+
+/// dQ: block (problem b, query tile), heaviest first, warp w owning rows
+/// 4w..4w+3. For each key tile up to the diagonal, lane l recomputes
+/// p = e^(s - lse) and dS = p·(dout·v - D) for key l and a row, and each
+/// lane adds Σ_keys dS·k to its columns of the row's dQ.
+__global__ void __launch_bounds__(kAttnThreads)
+    attentionQueryGradKernel(float *dQ, const float *q, const float *k,
+                             const float *v, const float *out, const float *lse,
+                             const float *dout, int64_t t, int64_t d,
+                             int64_t dv, float scale) {
+  extern __shared__ float shared[];
+  const QueryGradShared at(d, dv);
+  float *qs = shared + at.q, *dos = shared + at.dout, *ks = shared + at.k;
+  float *vs = shared + at.v, *dqs = shared + at.dq, *dss = shared + at.ds;
+  const int64_t tiles = (t + kAttnTile - 1) / kAttnTile;
+  const int64_t b = blockIdx.x / tiles;
+  const int64_t i0 = (tiles - 1 - blockIdx.x % tiles) * kAttnTile;
+  const int64_t end = min(t, i0 + int64_t{kAttnTile});
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t ldk = oddStride(d), ldv = oddStride(dv);
+  q += b * t * d;
+  k += b * t * d;
+  v += b * t * dv;
+  out += b * t * dv;
+  dout += b * t * dv;
+  lse += b * t;
+  dQ += b * t * d;
+
+  loadTile(qs, d, q, i0, t, d);
+  loadTile(dos, dv, dout, i0, t, dv);
+  for (int64_t e = threadIdx.x; e < kAttnTile * d; e += blockDim.x)
+    dqs[e] = 0.f;
+  __syncthreads();
+  float rowLse[kAttnPerWarp], rowD[kAttnPerWarp];
+  for (int rr = 0; rr < kAttnPerWarp; ++rr) {
+    const int r = warp * kAttnPerWarp + rr;
+    const int64_t i = i0 + r;
+    rowLse[rr] = i < t ? lse[i] : 0.f;
+    rowD[rr] = i < t ? warpDot(dos + r * dv, out + i * dv, dv) : 0.f;
+  }
+  float *dsw = dss + warp * 32;
+  for (int64_t j0 = 0; j0 < end; j0 += kAttnTile) {
+    __syncthreads(); // every warp is done with the previous tile
+    loadTile(ks, ldk, k, j0, t, d);
+    loadTile(vs, ldv, v, j0, t, dv);
+    __syncthreads();
+    for (int rr = 0; rr < kAttnPerWarp; ++rr) {
+      const int r = warp * kAttnPerWarp + rr;
+      const int64_t i = i0 + r;
+      if (i >= t)
+        break;
+      float ds = 0.f;
+      if (j0 + lane <= i) {
+        float s = dot(qs + r * d, ks + lane * ldk, d) * scale;
+        float p = fastExp(s - rowLse[rr]);
+        ds = p * (dot(dos + r * dv, vs + lane * ldv, dv) - rowD[rr]);
+      }
+      dsw[lane] = ds;
+      __syncwarp();
+      const int keys = static_cast<int>(min(int64_t{kAttnTile}, i - j0 + 1));
+      for (int64_t x = lane; x < d; x += 32) {
+        float acc = 0.f;
+        for (int jj = 0; jj < keys; ++jj)
+          acc += dsw[jj] * ks[jj * ldk + x];
+        dqs[r * d + x] += acc;
+      }
+      __syncwarp();
+    }
+  }
+  for (int rr = 0; rr < kAttnPerWarp; ++rr) {
+    const int r = warp * kAttnPerWarp + rr;
+    const int64_t i = i0 + r;
+    if (i >= t)
+      break;
+    for (int64_t x = lane; x < d; x += 32)
+      dQ[i * d + x] = scale * dqs[r * d + x];
+  }
+}
+
+/// dK and dV: block (problem b, key tile), heaviest (first) tiles first,
+/// warp w owning keys 4w..4w+3. For each query tile from the diagonal down,
+/// the warps first compute D = dout·out of the tile's rows; then, for each
+/// of its keys, lane l recomputes p and dS for query row l, and each lane
+/// adds Σ_rows p·dout to its columns of the key's dV and Σ_rows dS·q to its
+/// columns of the key's dK.
+__global__ void __launch_bounds__(kAttnThreads)
+    attentionKeyValueGradKernel(float *dK, float *dV, const float *q,
+                                const float *k, const float *v,
+                                const float *out, const float *lse,
+                                const float *dout, int64_t t, int64_t d,
+                                int64_t dv, float scale) {
+  extern __shared__ float shared[];
+  const KeyValueGradShared at(d, dv);
+  float *ks = shared + at.k, *vs = shared + at.v, *qs = shared + at.q;
+  float *dos = shared + at.dout, *lses = shared + at.lse;
+  float *dsums = shared + at.dsum, *dks = shared + at.dk;
+  float *dvs = shared + at.dv;
+  const int64_t tiles = (t + kAttnTile - 1) / kAttnTile;
+  const int64_t b = blockIdx.x / tiles;
+  const int64_t j0 = blockIdx.x % tiles * kAttnTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t ldq = oddStride(d), ldo = oddStride(dv);
+  q += b * t * d;
+  k += b * t * d;
+  v += b * t * dv;
+  out += b * t * dv;
+  dout += b * t * dv;
+  lse += b * t;
+  dK += b * t * d;
+  dV += b * t * dv;
+
+  loadTile(ks, d, k, j0, t, d);
+  loadTile(vs, dv, v, j0, t, dv);
+  for (int64_t e = threadIdx.x; e < kAttnTile * d; e += blockDim.x)
+    dks[e] = 0.f;
+  for (int64_t e = threadIdx.x; e < kAttnTile * dv; e += blockDim.x)
+    dvs[e] = 0.f;
+  float *pw = shared + at.p + warp * 32, *dsw = shared + at.ds + warp * 32;
+  for (int64_t i0 = j0; i0 < t; i0 += kAttnTile) {
+    __syncthreads(); // every warp is done with the previous tile
+    loadTile(qs, ldq, q, i0, t, d);
+    loadTile(dos, ldo, dout, i0, t, dv);
+    __syncthreads();
+    for (int rr = 0; rr < kAttnPerWarp; ++rr) {
+      const int r = warp * kAttnPerWarp + rr;
+      const int64_t i = i0 + r;
+      const float dsum = i < t ? warpDot(dos + r * ldo, out + i * dv, dv) : 0.f;
+      if (lane == 0) {
+        dsums[r] = dsum;
+        lses[r] = i < t ? lse[i] : 0.f;
+      }
+    }
+    __syncthreads();
+    // Rows before the first key see none of the tile's keys, rows past t do
+    // not exist: both get p = dS = 0 and are skipped in the sums.
+    const int rows = static_cast<int>(min(int64_t{kAttnTile}, t - i0));
+    for (int kk = 0; kk < kAttnPerWarp; ++kk) {
+      const int jj = warp * kAttnPerWarp + kk;
+      const int64_t j = j0 + jj;
+      if (j >= t)
+        break;
+      const int64_t i = i0 + lane;
+      float p = 0.f, ds = 0.f;
+      if (j <= i && i < t) {
+        float s = dot(qs + lane * ldq, ks + jj * d, d) * scale;
+        p = fastExp(s - lses[lane]);
+        ds = p * (dot(dos + lane * ldo, vs + jj * dv, dv) - dsums[lane]);
+      }
+      pw[lane] = p;
+      dsw[lane] = ds;
+      __syncwarp();
+      const int first = static_cast<int>(max(int64_t{0}, j - i0));
+      for (int64_t c = lane; c < dv; c += 32) {
+        float acc = 0.f;
+        for (int rI = first; rI < rows; ++rI)
+          acc += pw[rI] * dos[rI * ldo + c];
+        dvs[jj * dv + c] += acc;
+      }
+      for (int64_t x = lane; x < d; x += 32) {
+        float acc = 0.f;
+        for (int rI = first; rI < rows; ++rI)
+          acc += dsw[rI] * qs[rI * ldq + x];
+        dks[jj * d + x] += acc;
+      }
+      __syncwarp();
+    }
+  }
+  for (int kk = 0; kk < kAttnPerWarp; ++kk) {
+    const int jj = warp * kAttnPerWarp + kk;
+    const int64_t j = j0 + jj;
+    if (j >= t)
+      break;
+    for (int64_t x = lane; x < d; x += 32)
+      dK[j * d + x] = scale * dks[jj * d + x];
+    for (int64_t c = lane; c < dv; c += 32)
+      dV[j * dv + c] = dvs[jj * dv + c];
+  }
+}
+
+/// Lets `kernel` use `bytes` of dynamic shared memory, or aborts saying that
+/// the head dims need more than the GPU has.
+template <typename Kernel>
+void reserveSharedMemory(Kernel *kernel, size_t bytes, const char *caller,
+                         int64_t d, int64_t dv) {
+  int device = 0, limit = 0;
+  FASTLLM_CUDA_CHECK(cudaGetDevice(&device));
+  FASTLLM_CUDA_CHECK(cudaDeviceGetAttribute(
+      &limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (bytes > size_t(limit)) {
+    char reason[160];
+    std::snprintf(reason, sizeof(reason),
+                  "head dims d=%lld, dv=%lld need %zu bytes of shared memory "
+                  "per block; this GPU has %d",
+                  (long long)d, (long long)dv, bytes, limit);
+    detail::fail(__FILE__, __LINE__, caller, reason);
+  }
+  FASTLLM_CUDA_CHECK(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+/// Blocks of a launch over `batch` problems of `t` rows: one per tile.
+unsigned attentionBlocks(int64_t batch, int64_t t) {
+  int64_t blocks = batch * ((t + kAttnTile - 1) / kAttnTile);
+  assert(blocks <= std::numeric_limits<int>::max() && "too many tiles");
+  return static_cast<unsigned>(blocks);
+}
+
+} // namespace
+
+size_t detail::attentionSharedBytes(AttentionKernel kernel, int64_t d,
+                                    int64_t dv) {
+  int64_t floats = 0;
+  switch (kernel) {
+  case AttentionKernel::Forward:
+    floats = ForwardShared(d, dv).total;
+    break;
+  case AttentionKernel::QueryGrad:
+    floats = QueryGradShared(d, dv).total;
+    break;
+  case AttentionKernel::KeyValueGrad:
+    floats = KeyValueGradShared(d, dv).total;
+    break;
+  }
+  return size_t(floats) * sizeof(float);
+}
+
+void causalAttention(float *out, float *lse, const float *q, const float *k,
+                     const float *v, int64_t batch, int64_t t, int64_t d,
+                     int64_t dv, float scale) {
+  if (batch == 0 || t == 0)
+    return;
+  const size_t bytes =
+      detail::attentionSharedBytes(detail::AttentionKernel::Forward, d, dv);
+  reserveSharedMemory(attentionForwardKernel, bytes, "causalAttention", d, dv);
+  attentionForwardKernel<<<attentionBlocks(batch, t), kAttnThreads, bytes,
+                           stream()>>>(out, lse, q, k, v, t, d, dv, scale);
+  checkLaunch();
+}
+
+void causalAttentionGrad(float *dQ, float *dK, float *dV, const float *q,
+                         const float *k, const float *v, const float *out,
+                         const float *lse, const float *dout, int64_t batch,
+                         int64_t t, int64_t d, int64_t dv, float scale) {
+  if (batch == 0 || t == 0)
+    return;
+  const unsigned blocks = attentionBlocks(batch, t);
+  const size_t kvBytes = detail::attentionSharedBytes(
+      detail::AttentionKernel::KeyValueGrad, d, dv);
+  reserveSharedMemory(attentionKeyValueGradKernel, kvBytes,
+                      "causalAttentionGrad", d, dv);
+  attentionKeyValueGradKernel<<<blocks, kAttnThreads, kvBytes, stream()>>>(
+      dK, dV, q, k, v, out, lse, dout, t, d, dv, scale);
+  checkLaunch();
+  const size_t qBytes =
+      detail::attentionSharedBytes(detail::AttentionKernel::QueryGrad, d, dv);
+  reserveSharedMemory(attentionQueryGradKernel, qBytes, "causalAttentionGrad",
+                      d, dv);
+  attentionQueryGradKernel<<<blocks, kAttnThreads, qBytes, stream()>>>(
+      dQ, q, k, v, out, lse, dout, t, d, dv, scale);
+  checkLaunch();
+}
+
+//===----------------------------------------------------------------------===//
+// Losses
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+template <typename Idx>
+__device__ bool isIgnored(Idx target, bool hasIgnore, int64_t ignoreIndex) {
+  return hasIgnore && int64_t(target) == ignoreIndex;
+}
+
+template <typename Idx>
+__device__ int64_t checkedTarget(Idx target, int64_t classes) {
+  assert(target >= 0 && int64_t(target) < classes && "target out of range");
+  return int64_t(target);
+}
+
+/// Each row's cross-entropy, max + log Σ e^(x - max) - x[target], into
+/// rowLoss (0 for ignored rows): a block per row.
+template <typename Idx, typename Out>
+__global__ void crossEntropyRowsKernel(Out *rowLoss, const float *logits,
+                                       const Idx *targets, int64_t rows,
+                                       int64_t classes, bool hasIgnore,
+                                       int64_t ignoreIndex) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    if (isIgnored(targets[row], hasIgnore, ignoreIndex)) {
+      if (threadIdx.x == 0)
+        rowLoss[row] = Out(0);
+      continue;
+    }
+    const int64_t target = checkedTarget(targets[row], classes);
+    const float *xr = logits + row * classes;
+    float m = -INFINITY;
+    for (int64_t i = threadIdx.x; i < classes; i += blockDim.x)
+      m = MaxNan()(m, xr[i]);
+    m = blockAllReduce(m, MaxNan());
+    float local = 0.f;
+    for (int64_t i = threadIdx.x; i < classes; i += blockDim.x)
+      local += fastExp(xr[i] - m);
+    const float sum = blockAllReduce(local, Plus());
+    if (threadIdx.x == 0)
+      rowLoss[row] =
+          static_cast<Out>(double(m) + log(double(sum)) - xr[target]);
+  }
+}
+
+/// A row's loss saved by crossEntropyRowsKernel.
+struct SavedRowLoss {
+  const double *perRow;
+  __device__ double operator()(int64_t row) const { return perRow[row]; }
+};
+
+/// A row's negative log-likelihood.
+template <typename Idx> struct NllRowLoss {
+  const float *input;
+  const Idx *targets;
+  int64_t classes;
+  __device__ double operator()(int64_t row) const {
+    return -double(input[row * classes + checkedTarget(targets[row], classes)]);
+  }
+};
+
+/// loss[0] = Σ rowLoss(row) over the rows not ignored, in double, divided
+/// by their number for Mean (0/0 = NaN when there are none): one block.
+template <typename Idx, typename RowLoss>
+__global__ void sumLossKernel(float *loss, RowLoss rowLoss, const Idx *targets,
+                              int64_t rows, bool hasIgnore, int64_t ignoreIndex,
+                              bool mean) {
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t row = threadIdx.x; row < rows; row += blockDim.x) {
+    if (isIgnored(targets[row], hasIgnore, ignoreIndex))
+      continue;
+    sum += rowLoss(row);
+    ++count;
+  }
+  sum = blockAllReduce(sum, Plus());
+  count = blockAllReduce(count, Plus());
+  if (threadIdx.x == 0)
+    loss[0] = static_cast<float>(mean ? sum / count : sum);
+}
+
+/// nllLoss with Reduction::None: a thread per row.
+template <typename Idx>
+__global__ void nllRowsKernel(float *loss, const float *input,
+                              const Idx *targets, int64_t rows, int64_t classes,
+                              bool hasIgnore, int64_t ignoreIndex) {
+  NllRowLoss<Idx> rowLoss{input, targets, classes};
+  for (int64_t row = globalThread(); row < rows; row += gridThreads())
+    loss[row] = isIgnored(targets[row], hasIgnore, ignoreIndex)
+                    ? 0.f
+                    : static_cast<float>(rowLoss(row));
+}
+
+/// Where a loss gradient kernel finds each row's incoming gradient:
+/// values[row] (None) or values[0] (Sum: dloss; Mean: meanGradKernel's).
+struct RowGrad {
+  const float *values;
+  bool perRow;
+  __device__ float of(int64_t row) const { return values[perRow ? row : 0]; }
+};
+
+/// grad[0] = dloss[0] / (the number of targets not ignored): one block.
+template <typename Idx>
+__global__ void meanGradKernel(float *grad, const float *dloss,
+                               const Idx *targets, int64_t rows, bool hasIgnore,
+                               int64_t ignoreIndex) {
+  int64_t count = 0;
+  for (int64_t row = threadIdx.x; row < rows; row += blockDim.x)
+    count += !isIgnored(targets[row], hasIgnore, ignoreIndex);
+  count = blockAllReduce(count, Plus());
+  if (threadIdx.x == 0)
+    grad[0] = static_cast<float>(double(dloss[0]) / count);
+}
+
+/// The RowGrad of reduction r; for Mean, launches meanGradKernel into
+/// `meanGrad` (one float).
+template <typename Idx>
+RowGrad rowGradFor(const float *dloss, const Idx *targets, int64_t rows,
+                   bool hasIgnore, int64_t ignoreIndex, Reduction r,
+                   float *meanGrad) {
+  if (r != Reduction::Mean)
+    return {dloss, r == Reduction::None};
+  meanGradKernel<<<1, kSingleBlockThreads, 0, stream()>>>(
+      meanGrad, dloss, targets, rows, hasIgnore, ignoreIndex);
+  checkLaunch();
+  return {meanGrad, false};
+}
+
+/// dlogits = g·softmax(logits) - g·onehot(target) per row (zero for ignored
+/// rows), g the row's incoming gradient: a block per row.
+template <typename Idx>
+__global__ void crossEntropyGradKernel(float *dlogits, const float *logits,
+                                       const Idx *targets, RowGrad grad,
+                                       int64_t rows, int64_t classes,
+                                       bool hasIgnore, int64_t ignoreIndex) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    float *dr = dlogits + row * classes;
+    if (isIgnored(targets[row], hasIgnore, ignoreIndex)) {
+      for (int64_t i = threadIdx.x; i < classes; i += blockDim.x)
+        dr[i] = 0.f;
+      continue;
+    }
+    const int64_t target = checkedTarget(targets[row], classes);
+    const float *xr = logits + row * classes;
+    const float g = grad.of(row);
+    float m = -INFINITY;
+    for (int64_t i = threadIdx.x; i < classes; i += blockDim.x)
+      m = MaxNan()(m, xr[i]);
+    m = blockAllReduce(m, MaxNan());
+    float local = 0.f;
+    for (int64_t i = threadIdx.x; i < classes; i += blockDim.x) {
+      float e = fastExp(xr[i] - m);
+      dr[i] = e;
+      local += e;
+    }
+    const float factor = g / blockAllReduce(local, Plus());
+    for (int64_t i = threadIdx.x; i < classes; i += blockDim.x)
+      dr[i] *= factor;
+    __syncthreads(); // dr[target] was scaled by whichever thread owns it
+    if (threadIdx.x == 0)
+      dr[target] -= g;
+  }
+}
+
+/// dinput = -g at each row's target, 0 elsewhere: a thread per element.
+template <typename Idx>
+__global__ void nllLossGradKernel(float *dinput, const Idx *targets,
+                                  RowGrad grad, int64_t rows, int64_t classes,
+                                  bool hasIgnore, int64_t ignoreIndex) {
+  for (int64_t e = globalThread(); e < rows * classes; e += gridThreads()) {
+    const int64_t row = e / classes, col = e - row * classes;
+    const Idx target = targets[row];
+    dinput[e] = !isIgnored(target, hasIgnore, ignoreIndex) &&
+                        checkedTarget(target, classes) == col
+                    ? -grad.of(row)
+                    : 0.f;
+  }
+}
+
+} // namespace
+
+template <typename Idx>
+void crossEntropy(float *loss, const float *logits, const Idx *targets,
+                  int64_t rows, int64_t classes, bool hasIgnore,
+                  int64_t ignoreIndex, Reduction r) {
+  const LaunchConfig launch = rowsFor(rows);
+  if (r == Reduction::None) {
+    if (rows == 0)
+      return;
+    crossEntropyRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+        loss, logits, targets, rows, classes, hasIgnore, ignoreIndex);
+    return checkLaunch();
+  }
+  Scratch<double> perRow(rows);
+  if (rows > 0) {
+    crossEntropyRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+        perRow.get(), logits, targets, rows, classes, hasIgnore, ignoreIndex);
+    checkLaunch();
+  }
+  sumLossKernel<<<1, kSingleBlockThreads, 0, stream()>>>(
+      loss, SavedRowLoss{perRow.get()}, targets, rows, hasIgnore, ignoreIndex,
+      r == Reduction::Mean);
+  checkLaunch();
+}
+
+template <typename Idx>
+void crossEntropyGrad(float *dlogits, const float *logits, const Idx *targets,
+                      const float *dloss, int64_t rows, int64_t classes,
+                      bool hasIgnore, int64_t ignoreIndex, Reduction r) {
+  if (rows == 0 || classes == 0)
+    return;
+  Scratch<float> meanGrad(r == Reduction::Mean ? 1 : 0);
+  const RowGrad grad = rowGradFor(dloss, targets, rows, hasIgnore, ignoreIndex,
+                                  r, meanGrad.get());
+  const LaunchConfig launch = rowsFor(rows);
+  crossEntropyGradKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+      dlogits, logits, targets, grad, rows, classes, hasIgnore, ignoreIndex);
+  checkLaunch();
+}
+
+template <typename Idx>
+void nllLoss(float *loss, const float *input, const Idx *targets, int64_t rows,
+             int64_t classes, bool hasIgnore, int64_t ignoreIndex,
+             Reduction r) {
+  if (r == Reduction::None) {
+    if (rows == 0)
+      return;
+    const LaunchConfig launch = gridFor(rows);
+    nllRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+        loss, input, targets, rows, classes, hasIgnore, ignoreIndex);
+    return checkLaunch();
+  }
+  sumLossKernel<<<1, kSingleBlockThreads, 0, stream()>>>(
+      loss, NllRowLoss<Idx>{input, targets, classes}, targets, rows, hasIgnore,
+      ignoreIndex, r == Reduction::Mean);
+  checkLaunch();
+}
+
+template <typename Idx>
+void nllLossGrad(float *dinput, const Idx *targets, const float *dloss,
+                 int64_t rows, int64_t classes, bool hasIgnore,
+                 int64_t ignoreIndex, Reduction r) {
+  if (rows == 0 || classes == 0)
+    return;
+  Scratch<float> meanGrad(r == Reduction::Mean ? 1 : 0);
+  const RowGrad grad = rowGradFor(dloss, targets, rows, hasIgnore, ignoreIndex,
+                                  r, meanGrad.get());
+  const LaunchConfig launch = gridFor(rows * classes);
+  nllLossGradKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+      dinput, targets, grad, rows, classes, hasIgnore, ignoreIndex);
+  checkLaunch();
+}
+
+//===----------------------------------------------------------------------===//
+// Explicit instantiations
+//===----------------------------------------------------------------------===//
+
+#define FASTLLM_DATA_MOVEMENT(T)                                               \
+  template void transpose<T>(T *, const T *, int, const int64_t *,             \
+                             const int64_t *);                                 \
+  template void slice<T>(T *, const T *, int, const int64_t *,                 \
+                         const int64_t *, const int64_t *, const int64_t *);   \
+  template void sliceGrad<T>(T *, const T *, int, const int64_t *,             \
+                             const int64_t *, const int64_t *,                 \
+                             const int64_t *);                                 \
+  template void concat<T>(T *, int, const T *const *, const int64_t *,         \
+                          int64_t, int64_t);                                   \
+  template void gather<T, int32_t>(T *, const T *, const int32_t *, int64_t,   \
+                                   int64_t, int64_t, int64_t);                 \
+  template void gather<T, int64_t>(T *, const T *, const int64_t *, int64_t,   \
+                                   int64_t, int64_t, int64_t);
+FASTLLM_DATA_MOVEMENT(float)
+FASTLLM_DATA_MOVEMENT(double)
+FASTLLM_DATA_MOVEMENT(bool)
+FASTLLM_DATA_MOVEMENT(int8_t)
+FASTLLM_DATA_MOVEMENT(uint8_t)
+FASTLLM_DATA_MOVEMENT(int16_t)
+FASTLLM_DATA_MOVEMENT(uint16_t)
+FASTLLM_DATA_MOVEMENT(int32_t)
+FASTLLM_DATA_MOVEMENT(int64_t)
+#undef FASTLLM_DATA_MOVEMENT
+
+#define FASTLLM_GATHER_GRAD(T)                                                 \
+  template void gatherGrad<T, int32_t>(T *, const T *, const int32_t *,        \
+                                       int64_t, int64_t, int64_t, int64_t);    \
+  template void gatherGrad<T, int64_t>(T *, const T *, const int64_t *,        \
+                                       int64_t, int64_t, int64_t, int64_t);
+FASTLLM_GATHER_GRAD(float)
+FASTLLM_GATHER_GRAD(double)
+#undef FASTLLM_GATHER_GRAD
+
+template void reduce<float>(float *, const float *, int, const int64_t *,
+                            const bool *, ReduceKind);
+template void reduce<double>(double *, const double *, int, const int64_t *,
+                             const bool *, ReduceKind);
+template void reduce<int32_t>(int32_t *, const int32_t *, int, const int64_t *,
+                              const bool *, ReduceKind);
+template void reduce<int64_t>(int64_t *, const int64_t *, int, const int64_t *,
+                              const bool *, ReduceKind);
+
+#define FASTLLM_LOSSES(Idx)                                                    \
+  template void crossEntropy<Idx>(float *, const float *, const Idx *,         \
+                                  int64_t, int64_t, bool, int64_t, Reduction); \
+  template void crossEntropyGrad<Idx>(float *, const float *, const Idx *,     \
+                                      const float *, int64_t, int64_t, bool,   \
+                                      int64_t, Reduction);                     \
+  template void nllLoss<Idx>(float *, const float *, const Idx *, int64_t,     \
+                             int64_t, bool, int64_t, Reduction);               \
+  template void nllLossGrad<Idx>(float *, const Idx *, const float *, int64_t, \
+                                 int64_t, bool, int64_t, Reduction);
+FASTLLM_LOSSES(int32_t)
+FASTLLM_LOSSES(int64_t)
+#undef FASTLLM_LOSSES
+
+} // namespace fastllm::rt::cuda

@@ -1,0 +1,695 @@
+//===- Kernels.cuh - CUDA kernels for generated training code ---*- C++ -*-===//
+//
+// The CUDA sibling of runtime/cpu/Kernels.h: the same functions, template
+// parameters and argument lists in fastllm::rt::cuda, so that `fastllm-opt`
+// emits the same call sequence for both targets. What differs:
+//
+//  - Every data pointer is a device pointer (device, managed or __device__
+//    memory). Shape, stride, permutation and flag arrays (`const int64_t
+//    *shape` and the like) are host arrays, as generated code passes its local
+//    arrays: their contents travel to the GPU by value, as kernel parameters.
+//  - Every call enqueues its work on stream() and returns without waiting.
+//    Results are ready once that stream has been synchronised.
+//  - Generated functors are `__host__ __device__`; the scalar math below is
+//    too, so the same expressions compile for the CPU and the GPU.
+//
+// Results agree with the CPU kernels to float rounding: the same algorithms
+// and the same exp/tanh/erf approximations, with sums accumulated in double
+// wherever the CPU kernels use double. Every kernel is deterministic (no
+// floating-point atomics): a result depends on the shapes and the GPU only.
+// gatherGrad adds repeated indices in index order, exactly as the CPU does.
+//
+// A few kernels need a small temporary (per-row statistics, per-row losses):
+// they take it from the stream-ordered allocator (cudaMallocAsync) and give
+// it back on the same stream. No kernel materialises the t x t attention
+// scores.
+//
+// Errors: generated code has no error path, so a failing CUDA or cuBLAS call
+// prints its file, line and reason and aborts the process.
+//
+// Templates that take a caller's functor (elementwise) and the trivial ones
+// live here; the rest are defined in Kernels.cu and explicitly instantiated
+// for the element types listed beside each declaration (the CPU library's).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_RUNTIME_CUDA_KERNELS_CUH
+#define FASTLLM_RUNTIME_CUDA_KERNELS_CUH
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace fastllm::rt::cuda {
+
+//===----------------------------------------------------------------------===//
+// Errors and the stream
+//===----------------------------------------------------------------------===//
+
+namespace detail {
+/// Prints `where: what failed: reason` and aborts.
+[[noreturn]] inline void fail(const char *file, int line, const char *what,
+                              const char *reason) {
+  std::fprintf(stderr, "%s:%d: error: %s failed: %s\n", file, line, what,
+               reason);
+  std::abort();
+}
+
+inline void checkCuda(cudaError_t err, const char *what, const char *file,
+                      int line) {
+  if (err != cudaSuccess)
+    fail(file, line, what, cudaGetErrorString(err));
+}
+} // namespace detail
+
+/// Aborts with the call, file, line and CUDA's reason when `expr` (a
+/// cudaError_t) is not cudaSuccess.
+#define FASTLLM_CUDA_CHECK(expr)                                               \
+  ::fastllm::rt::cuda::detail::checkCuda((expr), #expr, __FILE__, __LINE__)
+
+/// The stream every kernel of this library is enqueued on: one per process,
+/// the legacy default stream (0) until setStream changes it.
+cudaStream_t stream();
+void setStream(cudaStream_t s);
+
+/// The largest rank the strided kernels accept.
+inline constexpr int kMaxRank = 8;
+
+//===----------------------------------------------------------------------===//
+// Scalar math for elementwise functors
+//===----------------------------------------------------------------------===//
+//
+// The CPU library's approximations (runtime/cpu/Kernels.h explains them),
+// written once for host and device: the GPU then computes what the CPU does,
+// up to the contraction of a·b + c into one fused multiply-add. NaN and ±inf
+// behave as in the CPU versions; the selects are spelled out because
+// std::min, std::max and std::numeric_limits are host-only functions.
+
+namespace detail {
+/// The float whose IEEE bits are `bits`.
+__host__ __device__ inline float floatFromBits(uint32_t bits) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+#endif
+}
+
+/// std::max(std::min(x, hi), lo): NaN stays NaN.
+__host__ __device__ inline float clampNan(float x, float lo, float hi) {
+  float c = hi < x ? hi : x;
+  return c < lo ? lo : c;
+}
+} // namespace detail
+
+/// e^x, relative error below 3e-7; underflow gives 0, ±inf and NaN pass.
+__host__ __device__ inline float fastExp(float x) {
+  constexpr float kLo = -87.33654f; // log(FLT_MIN)
+  constexpr float kHi = 88.72284f;  // log(FLT_MAX)
+  float xc = x > kLo ? (x < kHi ? x : kHi) : kLo;
+  float t = xc * 1.44269504088896341f;
+  int32_t n = static_cast<int32_t>(t + (t < 0.f ? -0.5f : 0.5f));
+  n = n < 127 ? n : 127;
+  float fn = static_cast<float>(n);
+  float r = (xc - fn * 0.693359375f) - fn * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.f;
+  float y = p * detail::floatFromBits(static_cast<uint32_t>(n + 127) << 23);
+  y = x < kLo ? 0.f : y;
+  y = x > kHi ? INFINITY : y;
+  return x == x ? y : x;
+}
+
+/// tanh(x), relative error 3e-7; exactly ±1 beyond |x| = 9.
+__host__ __device__ inline float fastTanh(float x) {
+  float c = detail::clampNan(x, -9.f, 9.f);
+  float c2 = c * c;
+  float p = -2.76076847742355e-16f;
+  p = p * c2 + 2.00018790482477e-13f;
+  p = p * c2 + -8.60467152213735e-11f;
+  p = p * c2 + 5.12229709037114e-08f;
+  p = p * c2 + 1.48572235717979e-05f;
+  p = p * c2 + 6.37261928875436e-04f;
+  p = p * c2 + 4.89352455891786e-03f;
+  float q = 1.19825839466702e-06f;
+  q = q * c2 + 1.18534705686654e-04f;
+  q = q * c2 + 2.26843463243900e-03f;
+  q = q * c2 + 4.89352518554385e-03f;
+  return c * p / q;
+}
+
+/// erf(x), absolute error below 4e-7.
+__host__ __device__ inline float fastErf(float x) {
+  float c = detail::clampNan(x, -4.f, 4.f);
+  float c2 = c * c;
+  float p = -2.72614225801306e-10f;
+  p = p * c2 + 2.77068142495902e-08f;
+  p = p * c2 + -2.10102402082508e-06f;
+  p = p * c2 + -5.69250639462346e-05f;
+  p = p * c2 + -7.34990630326855e-04f;
+  p = p * c2 + -2.95459980854025e-03f;
+  p = p * c2 + -1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * c2 + -2.13374055278905e-04f;
+  q = q * c2 + -1.68282697438203e-03f;
+  q = q * c2 + -7.37332916720468e-03f;
+  q = q * c2 + -1.42647390514189e-02f;
+  return c * p / q;
+}
+
+__host__ __device__ inline float sigmoid(float x) {
+  return 1.f / (1.f + fastExp(-x));
+}
+
+/// x·sigmoid(x), in PyTorch's form x / (1 + e^-x).
+__host__ __device__ inline float silu(float x) {
+  return x / (1.f + fastExp(-x));
+}
+
+/// GELU: x·Φ(x) (erf form), or PyTorch's approximate='tanh' form.
+__host__ __device__ inline float gelu(float x, bool tanhApprox) {
+  if (tanhApprox) {
+    float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.f + fastTanh(inner));
+  }
+  return 0.5f * x * (1.f + fastErf(x * 0.7071067811865476f));
+}
+
+/// g · d/dx gelu(x, tanhApprox), as in ATen's GeluBackward.
+__host__ __device__ inline float geluGrad(float x, float g, bool tanhApprox) {
+  if (tanhApprox) {
+    constexpr float kBeta = 0.7978845608028654f; // √(2/π)
+    constexpr float kKappa = 0.044715f;
+    float x2 = x * x;
+    float th = fastTanh(kBeta * (x + kKappa * x2 * x));
+    float left = 0.5f * x;
+    float right = 1.f + th;
+    float dLeft = 0.5f * right;
+    float dRight = left * (1.f - th * th) * kBeta * (1.f + 3.f * kKappa * x2);
+    return g * (dLeft + dRight);
+  }
+  float cdf = 0.5f * (1.f + fastErf(x * 0.7071067811865476f));
+  float pdf = 0.3989422804014327f * fastExp(-0.5f * x * x);
+  return g * (cdf + x * pdf);
+}
+
+//===----------------------------------------------------------------------===//
+// Launch shapes and kernel parameters (pure host logic, tested on the host)
+//===----------------------------------------------------------------------===//
+
+namespace detail {
+
+/// Threads per block of the kernels that give each thread elements.
+inline constexpr int kBlockThreads = 256;
+
+/// Threads per block of the kernels that give each block a row.
+inline constexpr int kRowThreads = 256;
+
+/// The most blocks of a grid-stride launch: plenty to fill any GPU, and
+/// within every limit of gridDim.x.
+inline constexpr int64_t kMaxGridBlocks = 65536;
+
+struct LaunchConfig {
+  unsigned blocks;
+  unsigned threads;
+};
+
+/// A grid-stride launch over `n` > 0 items, one per thread.
+inline LaunchConfig gridFor(int64_t n, int threads = kBlockThreads) {
+  int64_t blocks = (n + threads - 1) / threads;
+  return {static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxGridBlocks)),
+          static_cast<unsigned>(threads)};
+}
+
+/// A grid-stride launch over `rows` > 0 rows, one per block.
+inline LaunchConfig rowsFor(int64_t rows, int threads = kRowThreads) {
+  return {static_cast<unsigned>(std::clamp<int64_t>(rows, 1, kMaxGridBlocks)),
+          static_cast<unsigned>(threads)};
+}
+
+/// The offset, in one strided operand, of each flat row-major index over
+/// `shape`: host shape arrays packed into a kernel parameter.
+struct StridedIndex {
+  int rank;
+  int64_t shape[kMaxRank];
+  int64_t strides[kMaxRank];
+
+  /// `flat` must be below the product of the shape.
+  __host__ __device__ int64_t offset(int64_t flat) const {
+    int64_t off = 0;
+    for (int d = rank - 1; d > 0; --d) {
+      off += flat % shape[d] * strides[d];
+      flat /= shape[d];
+    }
+    return rank > 0 ? off + flat * strides[0] : 0;
+  }
+};
+
+/// Drops the size-1 dims of `shape` and merges each dim into the one before
+/// when every operand steps through the pair as through one dim (a
+/// contiguous output always does). Updates shape and strides in place and
+/// returns the new rank. The CPU library's rule, so both targets see the same
+/// collapsed iteration.
+inline int collapseDims(int rank, int64_t *shape, int numOperands,
+                        int64_t (*strides)[kMaxRank]) {
+  int r = 0;
+  for (int d = 0; d < rank; ++d) {
+    if (shape[d] == 1)
+      continue;
+    bool merge = r > 0;
+    for (int k = 0; merge && k < numOperands; ++k)
+      merge = strides[k][r - 1] == strides[k][d] * shape[d];
+    if (merge) {
+      shape[r - 1] *= shape[d];
+      for (int k = 0; k < numOperands; ++k)
+        strides[k][r - 1] = strides[k][d];
+      continue;
+    }
+    shape[r] = shape[d];
+    for (int k = 0; k < numOperands; ++k)
+      strides[k][r] = strides[k][d];
+    ++r;
+  }
+  return r;
+}
+
+/// The iteration of elementwise over N inputs, collapsed: a contiguous output
+/// of `total` elements with the collapsed `shape`, and each input's strides
+/// along it.
+template <int N> struct ElementwiseLayout {
+  int rank;
+  int64_t total;
+  int64_t shape[kMaxRank];
+  int64_t strides[N > 0 ? N : 1][kMaxRank];
+};
+
+template <int N>
+ElementwiseLayout<N> makeElementwiseLayout(int rank, const int64_t *shape,
+                                           const int64_t *const *strides) {
+  assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
+  ElementwiseLayout<N> layout{};
+  layout.total = 1;
+  for (int d = 0; d < rank; ++d) {
+    layout.shape[d] = shape[d];
+    layout.total *= shape[d];
+    for (int k = 0; k < N; ++k)
+      layout.strides[k][d] = strides[k][d];
+  }
+  layout.rank = collapseDims(rank, layout.shape, N, layout.strides);
+  return layout;
+}
+
+/// How matmul runs as strided-batched GEMMs: `calls` calls of `count`
+/// products each. Product p of call c multiplies A at aFirst.offset(c) +
+/// p·aStride by B at bFirst.offset(c) + p·bStride; its C is the next
+/// contiguous [m, n] block. The batch dims are collapsed first, and a stack
+/// of A matrices times one shared B becomes one product with a taller m.
+struct MatmulPlan {
+  int64_t m;
+  int64_t count;
+  int64_t aStride, bStride;
+  int64_t calls;
+  StridedIndex aFirst, bFirst;
+};
+
+/// Plans matmul's batch; the batch, m, n and k are not empty.
+MatmulPlan planMatmul(int batchRank, const int64_t *batchShape,
+                      const int64_t *aBatchStrides,
+                      const int64_t *bBatchStrides, int64_t m, int64_t k,
+                      bool transA);
+
+/// How transpose moves its elements, after collapsing the output's dims.
+/// When the input's contiguous dim stays last, rows move whole (an
+/// elementwise copy over dims/inStrides). Otherwise it is copied in square
+/// tiles that span the input's contiguous dim q and the output's last dim,
+/// one tile per block, once per index of the other (`outer`) dims.
+struct TransposePlan {
+  int64_t total;
+  bool tiled;
+  int rank;
+  int64_t dims[kMaxRank];
+  int64_t inStrides[kMaxRank];
+  // The tiled copy.
+  StridedIndex outerIn, outerOut;
+  int64_t qSize, lastSize, qOutStride, lastInStride;
+  int64_t qTiles, lastTiles, numTiles;
+};
+
+/// Side of transpose's tiles: one warp per tile row.
+inline constexpr int kTransposeTile = 32;
+
+TransposePlan planTranspose(int rank, const int64_t *inShape,
+                            const int64_t *perm);
+
+/// How reduce walks its input: output o starts at kept.offset(o) and reduces
+/// the elements at red.offset(r) from there, r < redCount. `innerReduced`
+/// when the input's contiguous dim is among the reduced ones.
+struct ReducePlan {
+  int64_t keptCount, redCount;
+  bool innerReduced;
+  StridedIndex kept, red;
+};
+
+/// Plans reduce over the dims flagged in `reducedDims` (no dim empty).
+ReducePlan planReduce(int rank, const int64_t *shape, const bool *reducedDims);
+
+/// gatherGrad gives each thread one column of one outer slice and one band
+/// of the table's rows (rows ≡ band mod bands): the number of bands that
+/// makes enough threads, from the shapes alone.
+int64_t gatherGradBands(int64_t outer, int64_t dimSize, int64_t inner);
+
+/// The kernels of causalAttention and causalAttentionGrad.
+enum class AttentionKernel { Forward, QueryGrad, KeyValueGrad };
+
+/// The dynamic shared memory `kernel` needs for head dims d and dv.
+size_t attentionSharedBytes(AttentionKernel kernel, int64_t d, int64_t dv);
+
+//===----------------------------------------------------------------------===//
+// Device-side helpers of the templates below
+//===----------------------------------------------------------------------===//
+
+__device__ inline int64_t globalThread() {
+  return int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+__device__ inline int64_t gridThreads() {
+  return int64_t(gridDim.x) * blockDim.x;
+}
+
+/// f(ins[0][offsets[0]], ins[1][offsets[1]], ...).
+template <typename F, size_t... I, typename... T>
+__device__ auto callAt(F &f, const int64_t *offsets, std::index_sequence<I...>,
+                       const T *...ins) {
+  return f(ins[offsets[I]]...);
+}
+
+/// out[i] = f(in0[offset0(i)], in1[offset1(i)], ...) for every flat output
+/// index i, one per thread (grid-stride). The offsets come from the
+/// collapsed multi-index; the outermost dim needs no division.
+template <typename Out, typename F, int N, typename... T>
+__global__ void elementwiseKernel(Out *out, F f, ElementwiseLayout<N> layout,
+                                  const T *...ins) {
+  for (int64_t i = globalThread(); i < layout.total; i += gridThreads()) {
+    int64_t offsets[N > 0 ? N : 1] = {};
+    int64_t rest = i;
+    for (int d = layout.rank - 1; d > 0; --d) {
+      int64_t index = rest % layout.shape[d];
+      rest /= layout.shape[d];
+      for (int k = 0; k < N; ++k)
+        offsets[k] += index * layout.strides[k][d];
+    }
+    if (layout.rank > 0)
+      for (int k = 0; k < N; ++k)
+        offsets[k] += rest * layout.strides[k][0];
+    out[i] = static_cast<Out>(
+        callAt(f, offsets, std::index_sequence_for<T...>{}, ins...));
+  }
+}
+
+template <typename T> __global__ void fillKernel(T *out, int64_t n, T value) {
+  for (int64_t i = globalThread(); i < n; i += gridThreads())
+    out[i] = value;
+}
+
+template <typename T>
+__global__ void addIntoKernel(T *acc, const T *x, int64_t n) {
+  for (int64_t i = globalThread(); i < n; i += gridThreads())
+    acc[i] += x[i];
+}
+
+} // namespace detail
+
+//===----------------------------------------------------------------------===//
+// Elementwise with broadcasting
+//===----------------------------------------------------------------------===//
+
+/// One input of elementwise: `data` on the device; `strides` (host, in
+/// elements) step through the input for each dim of the output, 0 broadcasts
+/// the input along that dim.
+template <typename T> struct In {
+  const T *data;
+  const int64_t *strides;
+};
+
+/// out[i] = f(in0[i·s0], in1[i·s1], ...) over the output's multi-index i,
+/// for every unary/binary/select/compare/cast op and fused chains of them.
+/// `out` is contiguous with `shape`; rank may be 0 (a scalar). `out` may be
+/// one of the inputs when that input is contiguous with the output's shape.
+/// `f` is a `__host__ __device__` (or `__device__`) functor, copied to the
+/// device, called once per element by one thread each.
+///
+/// Launch: one thread per output element, grid-stride, over the dims
+/// collapsed as on the CPU.
+template <typename Out, typename F, typename... T>
+void elementwise(Out *out, int rank, const int64_t *shape, F f, In<T>... ins) {
+  constexpr int kNumIn = sizeof...(T);
+  const int64_t *strides[kNumIn > 0 ? kNumIn : 1] = {ins.strides...};
+  auto layout = detail::makeElementwiseLayout<kNumIn>(rank, shape, strides);
+  if (layout.total == 0)
+    return;
+  detail::LaunchConfig launch = detail::gridFor(layout.total);
+  detail::elementwiseKernel<Out, F, kNumIn>
+      <<<launch.blocks, launch.threads, 0, stream()>>>(out, f, layout,
+                                                       ins.data...);
+  FASTLLM_CUDA_CHECK(cudaGetLastError());
+}
+
+//===----------------------------------------------------------------------===//
+// Matmul
+//===----------------------------------------------------------------------===//
+
+/// Batched C = op(A) @ op(B), with C contiguous [batch..., m, n]. For each
+/// batch multi-index idx (row-major over batchShape) the matrix of A starts at
+/// a + Σ idx·aBatchStrides and is [m, k] ([k, m] when transA), row-major;
+/// likewise B is [k, n] ([n, k] when transB). A zero batch stride broadcasts.
+///
+/// cuBLAS in fp32 with fp32 compute (CUBLAS_COMPUTE_32F, never TF32) on one
+/// process-wide handle bound to stream(): one strided-batched GEMM per index
+/// of the batch dims that do not collapse into one (usually a single call).
+void matmul(float *c, const float *a, const float *b, int batchRank,
+            const int64_t *batchShape, const int64_t *aBatchStrides,
+            const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
+            bool transA, bool transB);
+
+//===----------------------------------------------------------------------===//
+// Data movement
+//===----------------------------------------------------------------------===//
+//
+// Defined for T in float, double, bool, int8_t, uint8_t, int16_t, uint16_t,
+// int32_t and int64_t; Idx in int32_t and int64_t.
+
+/// out dim i = in dim perm[i]. Moving the last dim copies 32 x 32 tiles
+/// through shared memory, so that reads and writes are both coalesced.
+template <typename T>
+void transpose(T *out, const T *in, int rank, const int64_t *inShape,
+               const int64_t *perm);
+
+/// out[i] = in[start + i·stride] per dim; `start` holds in-range first
+/// indices and `stride` may be negative.
+template <typename T>
+void slice(T *out, const T *in, int rank, const int64_t *inShape,
+           const int64_t *start, const int64_t *stride,
+           const int64_t *outShape);
+
+/// The gradient of slice: zeroes din ([inShape]) and writes dout at the slice.
+template <typename T>
+void sliceGrad(T *din, const T *dout, int rank, const int64_t *inShape,
+               const int64_t *start, const int64_t *stride,
+               const int64_t *outShape);
+
+/// Concatenates along the middle dim: input i is [outer, sizes[i], inner],
+/// out is [outer, Σ sizes, inner]. `ins` is a host array of device pointers.
+template <typename T>
+void concat(T *out, int numInputs, const T *const *ins, const int64_t *sizes,
+            int64_t outer, int64_t inner);
+
+/// out[o][j][i] = in[o][idx[j]][i] with in [outer, dimSize, inner]; a
+/// negative index counts from the end.
+template <typename T, typename Idx>
+void gather(T *out, const T *in, const Idx *idx, int64_t outer, int64_t dimSize,
+            int64_t numIdx, int64_t inner);
+
+/// The gradient of gather: din = 0, then din[o][idx[j]][i] += dout[o][j][i],
+/// adding repeated indices in order of j (no atomics: each element of din is
+/// owned by one thread). T is float or double.
+template <typename T, typename Idx>
+void gatherGrad(T *din, const T *dout, const Idx *idx, int64_t outer,
+                int64_t dimSize, int64_t numIdx, int64_t inner);
+
+template <typename T> void fill(T *out, int64_t n, T value) {
+  if (n <= 0)
+    return;
+  detail::LaunchConfig launch = detail::gridFor(n);
+  detail::fillKernel<<<launch.blocks, launch.threads, 0, stream()>>>(out, n,
+                                                                     value);
+  FASTLLM_CUDA_CHECK(cudaGetLastError());
+}
+
+/// A copy of n elements between any two device-accessible buffers.
+template <typename T> void copy(T *out, const T *in, int64_t n) {
+  if (n <= 0)
+    return;
+  FASTLLM_CUDA_CHECK(cudaMemcpyAsync(out, in, size_t(n) * sizeof(T),
+                                     cudaMemcpyDefault, stream()));
+}
+
+/// acc += x; accumulates parameter gradients.
+template <typename T> void addInto(T *acc, const T *x, int64_t n) {
+  if (n <= 0)
+    return;
+  detail::LaunchConfig launch = detail::gridFor(n);
+  detail::addIntoKernel<<<launch.blocks, launch.threads, 0, stream()>>>(acc, x,
+                                                                        n);
+  FASTLLM_CUDA_CHECK(cudaGetLastError());
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions, softmax, normalisation
+//===----------------------------------------------------------------------===//
+//
+// A kernel that reduces a row gives the row to one block, which combines its
+// threads' partial results with warp shuffles in a fixed order.
+
+enum class ReduceKind { Sum, Mean, Max };
+
+/// Reduces the dims flagged in `reducedDims`; out holds the kept dims in
+/// order (keepdims or not, the memory is the same). Floats accumulate sums
+/// in double, integers in int64_t; Max propagates NaN. Reducing an empty dim
+/// gives 0 (Sum), NaN (Mean) or the lowest value (Max). T is float, double,
+/// int32_t or int64_t.
+///
+/// Launch: a block per output when the contiguous dim is reduced; else a
+/// block per 32 consecutive outputs, 16 threads summing each.
+template <typename T>
+void reduce(T *out, const T *in, int rank, const int64_t *shape,
+            const bool *reducedDims, ReduceKind kind);
+
+/// Softmax (or log-softmax) of x viewed as [outer, n, inner] along n. Entries
+/// of -inf get probability 0; a slice that is all -inf gives NaN, as in
+/// PyTorch. Launch: a block per row when inner is 1, else a thread per
+/// column (o, i) walking n.
+void softmax(float *y, const float *x, int64_t outer, int64_t n, int64_t inner,
+             bool log);
+
+/// Given y = softmax(x) (or log_softmax(x)) and dy, dx = y·(dy - Σ dy·y)
+/// (or dy - e^y·Σ dy), the sums in double. Launch as softmax.
+void softmaxGrad(float *dx, const float *y, const float *dy, int64_t outer,
+                 int64_t n, int64_t inner, bool log);
+
+/// y = (x - mean)/√(var + eps)·scale + bias over rows of `cols`, with the
+/// biased variance as in PyTorch; bias may be null. Launch: a block per row;
+/// Σx and Σx² in double.
+void layerNorm(float *y, const float *x, const float *scale, const float *bias,
+               int64_t rows, int64_t cols, float eps);
+
+/// The gradient of layerNorm; mean and variance are recomputed from x.
+/// dscale and dbias (nullable) are overwritten with sums over rows. Launch: a
+/// block per row for dx (saving each row's mean and 1/std), then a block per
+/// 32 columns for dscale and dbias, summing in double in a fixed order.
+void layerNormGrad(float *dx, float *dscale, float *dbias, const float *x,
+                   const float *scale, const float *dy, int64_t rows,
+                   int64_t cols, float eps);
+
+/// y = x/√(mean(x²) + eps)·scale over rows of `cols`. Launch: a block per row.
+void rmsNorm(float *y, const float *x, const float *scale, int64_t rows,
+             int64_t cols, float eps);
+
+/// The gradient of rmsNorm; dscale (nullable) is overwritten with its sum
+/// over rows. Launch as layerNormGrad.
+void rmsNormGrad(float *dx, float *dscale, const float *x, const float *scale,
+                 const float *dy, int64_t rows, int64_t cols, float eps);
+
+//===----------------------------------------------------------------------===//
+// Attention
+//===----------------------------------------------------------------------===//
+//
+// Fused causal self-attention, flash-attention style in fp32: the same
+// values as the unfused chain
+//   scores = (q @ kᵀ)·scale; scores.masked_fill(j > i, -inf);
+//   p = softmax(scores, -1); out = p @ v
+// and its autograd gradients, computed tile by tile (32 queries x 32 keys)
+// in shared memory; the t x t scores never exist in memory, and tiles above
+// the diagonal are never visited. Head dims are runtime values; the kernels
+// abort with a message when d and dv need more shared memory than the GPU
+// has: the backward takes d + dv up to about 600 on an H100, 420 on an A100.
+
+/// Causal attention over `batch` independent (batch x heads) problems:
+/// O = softmax(scale * Q K^T, masked so that query i sees keys j <= i) V,
+/// with q, k: [batch, t, d], v: [batch, t, dv], out: [batch, t, dv], and
+/// lse: [batch, t] = the log-sum-exp of each masked, scaled score row (saved
+/// for the backward). Launch: a block of 8 warps per 32 query rows, each
+/// warp keeping a running max and sum (online softmax) for 4 rows while it
+/// walks the key tiles up to the diagonal.
+void causalAttention(float *out, float *lse, const float *q, const float *k,
+                     const float *v, int64_t batch, int64_t t, int64_t d,
+                     int64_t dv, float scale);
+
+/// Gradients of causalAttention: dQ, dK: [batch, t, d], dV: [batch, t, dv]
+/// (overwritten), from q, k, v, the forward's out and lse, and dout. With
+/// D_i = Σ dout_i·out_i and P recomputed from q, k and lse: dV = Pᵀ dout,
+/// dS = P∘(dout vᵀ - D), dQ = scale·dS k, dK = scale·dSᵀ q. Launch: one
+/// kernel with a block per 32 key rows (dK, dV) walking the query tiles from
+/// the diagonal down, then one with a block per 32 query rows (dQ) walking
+/// the key tiles up to the diagonal; no atomics.
+void causalAttentionGrad(float *dQ, float *dK, float *dV, const float *q,
+                         const float *k, const float *v, const float *out,
+                         const float *lse, const float *dout, int64_t batch,
+                         int64_t t, int64_t d, int64_t dv, float scale);
+
+//===----------------------------------------------------------------------===//
+// Losses
+//===----------------------------------------------------------------------===//
+//
+// The class dim is last: inputs are [rows, classes], targets [rows]. A target
+// equal to ignoreIndex (when hasIgnore) contributes no loss and no gradient,
+// and Mean divides by the number of other targets, as
+// F.cross_entropy(ignore_index=...) does (NaN when there are none). Loss sums
+// accumulate in double. Idx is int32_t or int64_t. `loss` and `dloss` are
+// device pointers like the rest.
+
+enum class Reduction { None, Sum, Mean };
+
+/// loss is a scalar for Sum and Mean, [rows] for None. Launch: a block per
+/// row, then (Sum, Mean) one block summing the rows' losses.
+template <typename Idx>
+void crossEntropy(float *loss, const float *logits, const Idx *targets,
+                  int64_t rows, int64_t classes, bool hasIgnore,
+                  int64_t ignoreIndex, Reduction r);
+
+/// dloss is a scalar for Sum and Mean, [rows] for None. Launch: (Mean) one
+/// block counting the targets, then a block per row.
+template <typename Idx>
+void crossEntropyGrad(float *dlogits, const float *logits, const Idx *targets,
+                      const float *dloss, int64_t rows, int64_t classes,
+                      bool hasIgnore, int64_t ignoreIndex, Reduction r);
+
+/// Negative log-likelihood of log-probabilities `input`. Launch: a thread
+/// per row (None), or one block summing the rows (Sum, Mean).
+template <typename Idx>
+void nllLoss(float *loss, const float *input, const Idx *targets, int64_t rows,
+             int64_t classes, bool hasIgnore, int64_t ignoreIndex, Reduction r);
+
+/// Launch: (Mean) one block counting the targets, then a thread per element.
+template <typename Idx>
+void nllLossGrad(float *dinput, const Idx *targets, const float *dloss,
+                 int64_t rows, int64_t classes, bool hasIgnore,
+                 int64_t ignoreIndex, Reduction r);
+
+} // namespace fastllm::rt::cuda
+
+#endif // FASTLLM_RUNTIME_CUDA_KERNELS_CUH

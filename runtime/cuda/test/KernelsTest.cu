@@ -1,0 +1,1044 @@
+//===- KernelsTest.cu - the CUDA kernels against the CPU kernels ----------===//
+//
+// Each CUDA kernel runs on small random inputs and is compared with the CPU
+// library's kernel (runtime/cpu/Kernels.h) on the same inputs: broadcasting
+// and non-contiguous batches, attention lengths that are not a multiple of
+// the tile, ignored targets. Floats agree within 1e-5 (1e-4 for matmul and
+// attention) of max(|expected|, 1): relative for values above 1, absolute
+// below; data movement and gatherGrad agree exactly.
+//
+// The GPU tests skip themselves, with the reason, where no GPU is visible.
+// The host-side tests at the top need none: the scalar math, and the plans
+// that pack host shapes into kernel parameters.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cpu/Kernels.h"
+#include "runtime/cuda/Kernels.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace rt = fastllm::rt;
+using rt::cuda::detail::AttentionKernel;
+using rt::cuda::detail::attentionSharedBytes;
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Host-side tests
+//===----------------------------------------------------------------------===//
+
+// Tests that the host/device math helpers are the CPU library's, bit for bit,
+// when run on the host: same constants, same NaN and infinity handling.
+TEST(CudaKernelsHost, MathMatchesCpu) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> xs = {0.f,   -0.f, 1e-8f, -0.3f, 0.5f,         1.f,
+                           -2.5f, 3.7f, 8.99f, 9.5f,  -20.f,        -87.5f,
+                           88.f,  89.f, inf,   -inf,  std::nanf("")};
+  for (int i = -400; i <= 400; ++i)
+    xs.push_back(i * 0.0371f);
+  auto same = [](float a, float b) {
+    return (std::isnan(a) && std::isnan(b)) ||
+           std::memcmp(&a, &b, sizeof(a)) == 0;
+  };
+  for (float x : xs) {
+    EXPECT_TRUE(same(rt::cuda::fastExp(x), rt::cpu::fastExp(x))) << x;
+    EXPECT_TRUE(same(rt::cuda::fastTanh(x), rt::cpu::fastTanh(x))) << x;
+    EXPECT_TRUE(same(rt::cuda::fastErf(x), rt::cpu::fastErf(x))) << x;
+    EXPECT_TRUE(same(rt::cuda::sigmoid(x), rt::cpu::sigmoid(x))) << x;
+    EXPECT_TRUE(same(rt::cuda::silu(x), rt::cpu::silu(x))) << x;
+    for (bool tanhApprox : {false, true}) {
+      EXPECT_TRUE(
+          same(rt::cuda::gelu(x, tanhApprox), rt::cpu::gelu(x, tanhApprox)))
+          << x;
+      EXPECT_TRUE(same(rt::cuda::geluGrad(x, 0.7f, tanhApprox),
+                       rt::cpu::geluGrad(x, 0.7f, tanhApprox)))
+          << x;
+    }
+  }
+}
+
+// Tests that collapsing merges the dims every operand walks as one and keeps
+// a broadcast operand's dims apart from a contiguous one's.
+TEST(CudaKernelsHost, CollapseDims) {
+  // [2, 3, 4] + [3, 1]: the first input is contiguous, the second steps
+  // along dim 1 only.
+  int64_t shape[rt::cuda::kMaxRank] = {2, 3, 4};
+  int64_t strides[2][rt::cuda::kMaxRank] = {{12, 4, 1}, {0, 1, 0}};
+  int rank = rt::cuda::detail::collapseDims(3, shape, 2, strides);
+  ASSERT_EQ(rank, 3);
+  // [2, 3, 4] + [4]: dims 0 and 1 merge (both operands walk them as one).
+  int64_t shape2[rt::cuda::kMaxRank] = {2, 3, 4};
+  int64_t strides2[2][rt::cuda::kMaxRank] = {{12, 4, 1}, {0, 0, 1}};
+  rank = rt::cuda::detail::collapseDims(3, shape2, 2, strides2);
+  ASSERT_EQ(rank, 2);
+  EXPECT_EQ(shape2[0], 6);
+  EXPECT_EQ(shape2[1], 4);
+  EXPECT_EQ(strides2[0][0], 4);
+  EXPECT_EQ(strides2[1][0], 0);
+  EXPECT_EQ(strides2[0][1], 1);
+  EXPECT_EQ(strides2[1][1], 1);
+  // Size-1 dims disappear; a contiguous tensor becomes one dim.
+  int64_t shape3[rt::cuda::kMaxRank] = {1, 5, 1, 7};
+  int64_t strides3[1][rt::cuda::kMaxRank] = {{35, 7, 7, 1}};
+  rank = rt::cuda::detail::collapseDims(4, shape3, 1, strides3);
+  ASSERT_EQ(rank, 1);
+  EXPECT_EQ(shape3[0], 35);
+  EXPECT_EQ(strides3[0][0], 1);
+}
+
+// Tests the packing of elementwise's host arrays: totals, a scalar, an
+// empty output, a transposed operand that stops merging.
+TEST(CudaKernelsHost, ElementwiseLayout) {
+  const int64_t shape[] = {5, 7};
+  const int64_t contiguous[] = {7, 1}, transposed[] = {1, 5};
+  const int64_t *strides[] = {contiguous, transposed};
+  auto layout = rt::cuda::detail::makeElementwiseLayout<2>(2, shape, strides);
+  EXPECT_EQ(layout.total, 35);
+  EXPECT_EQ(layout.rank, 2);
+  EXPECT_EQ(layout.strides[1][0], 1);
+  EXPECT_EQ(layout.strides[1][1], 5);
+
+  const int64_t none[] = {0};
+  const int64_t *noStrides[] = {none};
+  auto scalar = rt::cuda::detail::makeElementwiseLayout<1>(0, none, noStrides);
+  EXPECT_EQ(scalar.total, 1);
+  EXPECT_EQ(scalar.rank, 0);
+
+  const int64_t empty[] = {3, 0, 2}, emptyStrides[] = {0, 2, 1};
+  const int64_t *emptyOperand[] = {emptyStrides};
+  EXPECT_EQ(
+      rt::cuda::detail::makeElementwiseLayout<1>(3, empty, emptyOperand).total,
+      0);
+}
+
+// Tests the launch shapes: at least one block, capped grids, rows per block.
+TEST(CudaKernelsHost, LaunchConfig) {
+  auto one = rt::cuda::detail::gridFor(1);
+  EXPECT_EQ(one.blocks, 1u);
+  EXPECT_EQ(one.threads, unsigned(rt::cuda::detail::kBlockThreads));
+  EXPECT_EQ(rt::cuda::detail::gridFor(1000).blocks, 4u);
+  EXPECT_EQ(rt::cuda::detail::gridFor(1000, 128).blocks, 8u);
+  EXPECT_EQ(rt::cuda::detail::gridFor(int64_t(1) << 40).blocks,
+            unsigned(rt::cuda::detail::kMaxGridBlocks));
+  EXPECT_EQ(rt::cuda::detail::rowsFor(7).blocks, 7u);
+  EXPECT_EQ(rt::cuda::detail::rowsFor(0).blocks, 1u);
+  EXPECT_EQ(rt::cuda::detail::rowsFor(int64_t(1) << 40).blocks,
+            unsigned(rt::cuda::detail::kMaxGridBlocks));
+}
+
+// Tests StridedIndex's offsets against a hand-computed walk.
+TEST(CudaKernelsHost, StridedIndex) {
+  rt::cuda::detail::StridedIndex at{3, {2, 3, 4}, {100, 10, 1}};
+  EXPECT_EQ(at.offset(0), 0);
+  EXPECT_EQ(at.offset(5), 11);   // (0, 1, 1)
+  EXPECT_EQ(at.offset(23), 123); // (1, 2, 3)
+  rt::cuda::detail::StridedIndex scalar{};
+  EXPECT_EQ(scalar.offset(0), 0);
+}
+
+// Tests matmul's batch planning: no batch, a contiguous batch, the fold of
+// an A stack onto a shared B (not with transA), broadcasts that need several
+// calls, and a batch with gaps between matrices.
+TEST(CudaKernelsHost, PlanMatmul) {
+  using rt::cuda::detail::planMatmul;
+  const int64_t m = 3, k = 4, n = 5;
+  auto plain = planMatmul(0, nullptr, nullptr, nullptr, m, k, false);
+  EXPECT_EQ(plain.m, m);
+  EXPECT_EQ(plain.count, 1);
+  EXPECT_EQ(plain.calls, 1);
+
+  const int64_t b1[] = {6}, a1[] = {m * k}, s1[] = {k * n};
+  auto batched = planMatmul(1, b1, a1, s1, m, k, false);
+  EXPECT_EQ(batched.count, 6);
+  EXPECT_EQ(batched.aStride, m * k);
+  EXPECT_EQ(batched.bStride, k * n);
+  EXPECT_EQ(batched.calls, 1);
+
+  const int64_t b2[] = {2, 3}, a2[] = {3 * m * k, m * k}, s2[] = {0, 0};
+  auto folded = planMatmul(2, b2, a2, s2, m, k, false);
+  EXPECT_EQ(folded.m, 6 * m);
+  EXPECT_EQ(folded.count, 1);
+  EXPECT_EQ(folded.calls, 1);
+  auto notFolded = planMatmul(2, b2, a2, s2, m, k, true);
+  EXPECT_EQ(notFolded.m, m);
+  EXPECT_EQ(notFolded.count, 6);
+  EXPECT_EQ(notFolded.bStride, 0);
+
+  // A broadcast along dim 1, B along dim 0: nothing merges.
+  const int64_t a3[] = {m * k, 0}, s3[] = {0, k * n};
+  auto mixed = planMatmul(2, b2, a3, s3, m, k, false);
+  EXPECT_EQ(mixed.count, 3);
+  EXPECT_EQ(mixed.aStride, 0);
+  EXPECT_EQ(mixed.bStride, k * n);
+  EXPECT_EQ(mixed.calls, 2);
+  EXPECT_EQ(mixed.aFirst.offset(1), m * k);
+  EXPECT_EQ(mixed.bFirst.offset(1), 0);
+
+  const int64_t a4[] = {2 * m * k + 5}, s4[] = {k * n};
+  auto gaps = planMatmul(1, b1, a4, s4, m, k, false);
+  EXPECT_EQ(gaps.count, 6);
+  EXPECT_EQ(gaps.aStride, 2 * m * k + 5);
+}
+
+// Tests transpose's plans: a 2-D transpose is tiled, a permutation that keeps
+// the last dim moves rows, the outer dims of a tiled one are walked.
+TEST(CudaKernelsHost, PlanTranspose) {
+  using rt::cuda::detail::planTranspose;
+  const int64_t shape2[] = {3, 5}, perm2[] = {1, 0};
+  auto t2 = planTranspose(2, shape2, perm2);
+  ASSERT_TRUE(t2.tiled);
+  EXPECT_EQ(t2.qSize, 5);
+  EXPECT_EQ(t2.lastSize, 3);
+  EXPECT_EQ(t2.qOutStride, 3);
+  EXPECT_EQ(t2.lastInStride, 5);
+  EXPECT_EQ(t2.numTiles, 1);
+
+  const int64_t shape4[] = {2, 3, 4, 5}, rows[] = {1, 0, 2, 3};
+  auto keep = planTranspose(4, shape4, rows);
+  EXPECT_FALSE(keep.tiled);
+  EXPECT_EQ(keep.rank, 3); // [3, 2, 20]
+  EXPECT_EQ(keep.dims[2], 20);
+  EXPECT_EQ(keep.inStrides[2], 1);
+
+  const int64_t moveLast[] = {0, 3, 1, 2};
+  auto tiled = planTranspose(4, shape4, moveLast);
+  ASSERT_TRUE(tiled.tiled);
+  EXPECT_EQ(tiled.rank, 3); // [2, 5, 12]
+  EXPECT_EQ(tiled.qSize, 5);
+  EXPECT_EQ(tiled.lastSize, 12);
+  EXPECT_EQ(tiled.outerIn.rank, 1);
+  EXPECT_EQ(tiled.outerIn.strides[0], 60);
+  EXPECT_EQ(tiled.outerOut.strides[0], 60);
+  EXPECT_EQ(tiled.numTiles, 2);
+
+  const int64_t big[] = {40, 70};
+  EXPECT_EQ(planTranspose(2, big, perm2).numTiles, 3 * 2);
+}
+
+// Tests reduce's plans: a reduced contiguous dim, a kept one, merging of
+// neighbours with the same role, and size-1 dims.
+TEST(CudaKernelsHost, PlanReduce) {
+  using rt::cuda::detail::planReduce;
+  const int64_t shape[] = {2, 3, 4};
+  const bool middle[] = {false, true, false};
+  auto p = planReduce(3, shape, middle);
+  EXPECT_EQ(p.keptCount, 8);
+  EXPECT_EQ(p.redCount, 3);
+  EXPECT_FALSE(p.innerReduced);
+  ASSERT_EQ(p.kept.rank, 2);
+  EXPECT_EQ(p.kept.strides[0], 12);
+  EXPECT_EQ(p.kept.strides[1], 1);
+  ASSERT_EQ(p.red.rank, 1);
+  EXPECT_EQ(p.red.strides[0], 4);
+  EXPECT_EQ(p.kept.offset(5), 12 + 1); // output (1, 1)
+
+  const bool last2[] = {false, true, true};
+  auto q = planReduce(3, shape, last2);
+  EXPECT_TRUE(q.innerReduced);
+  ASSERT_EQ(q.red.rank, 1);
+  EXPECT_EQ(q.red.shape[0], 12);
+
+  const int64_t ones[] = {3, 1, 4};
+  const bool onlyOne[] = {false, true, false};
+  auto r = planReduce(3, ones, onlyOne);
+  EXPECT_EQ(r.red.rank, 0);
+  EXPECT_EQ(r.keptCount, 12);
+}
+
+// Tests that gatherGrad's bands depend on the shapes only, make enough
+// threads for small tables, and never exceed the table's rows.
+TEST(CudaKernelsHost, GatherGradBands) {
+  using rt::cuda::detail::gatherGradBands;
+  EXPECT_EQ(gatherGradBands(1, 50000, 1 << 16), 1);
+  EXPECT_EQ(gatherGradBands(1, 50000, 768), 64);
+  EXPECT_EQ(gatherGradBands(1, 5, 16), 5);
+  EXPECT_EQ(gatherGradBands(4, 100, 1024), 16);
+  EXPECT_EQ(gatherGradBands(0, 0, 0), 1);
+}
+
+// Tests the attention kernels' shared memory: the sizes of the arrays each
+// kernel carves, so a head dim of 128 fits every GPU since sm_80.
+TEST(CudaKernelsHost, AttentionSharedBytes) {
+  // Forward: q [32][64], k [32][65], v and o [32][64], p [8][32].
+  EXPECT_EQ(attentionSharedBytes(AttentionKernel::Forward, 64, 64),
+            (32 * (64 + 65 + 64 + 64) + 256) * sizeof(float));
+  // dQ: q, dout, k [32][65], v [32][65], dq, ds [8][32].
+  EXPECT_EQ(attentionSharedBytes(AttentionKernel::QueryGrad, 64, 64),
+            (32 * (64 + 64 + 65 + 65 + 64) + 256) * sizeof(float));
+  // dK/dV: k, v, q [32][65], dout [32][65], lse, D, dk, dv, p, ds.
+  EXPECT_EQ(attentionSharedBytes(AttentionKernel::KeyValueGrad, 64, 64),
+            (32 * (64 + 64 + 65 + 65 + 1 + 1 + 64 + 64) + 512) * sizeof(float));
+  for (auto kernel : {AttentionKernel::Forward, AttentionKernel::QueryGrad,
+                      AttentionKernel::KeyValueGrad})
+    EXPECT_LE(attentionSharedBytes(kernel, 128, 128), size_t(163 * 1024));
+  // Odd head dims need no padding.
+  EXPECT_EQ(attentionSharedBytes(AttentionKernel::Forward, 17, 5),
+            (32 * (17 + 17 + 5 + 5) + 256) * sizeof(float));
+}
+
+//===----------------------------------------------------------------------===//
+// GPU test helpers
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Why no GPU can run the tests, or "" when one can.
+std::string noGpuReason() {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess)
+    return cudaGetErrorString(err);
+  return count == 0 ? "the driver sees none" : "";
+}
+
+class CudaKernels : public ::testing::Test {
+protected:
+  void SetUp() override {
+    static const std::string reason = noGpuReason();
+    if (!reason.empty())
+      GTEST_SKIP() << "no CUDA GPU: " << reason;
+  }
+};
+
+/// A device buffer holding a copy of a host vector (bool included).
+template <typename T> class DeviceArray {
+public:
+  explicit DeviceArray(size_t n) : n(n) {
+    if (n)
+      EXPECT_EQ(cudaMalloc(&ptr, n * sizeof(T)), cudaSuccess);
+  }
+  explicit DeviceArray(const std::vector<T> &host) : DeviceArray(host.size()) {
+    std::unique_ptr<T[]> staged(new T[n]);
+    std::copy(host.begin(), host.end(), staged.get());
+    if (n)
+      EXPECT_EQ(
+          cudaMemcpy(ptr, staged.get(), n * sizeof(T), cudaMemcpyHostToDevice),
+          cudaSuccess);
+  }
+  ~DeviceArray() { cudaFree(ptr); }
+  DeviceArray(const DeviceArray &) = delete;
+  DeviceArray &operator=(const DeviceArray &) = delete;
+
+  T *get() const { return ptr; }
+
+  /// The contents once the kernels' stream is done.
+  std::vector<T> download() const {
+    EXPECT_EQ(cudaStreamSynchronize(rt::cuda::stream()), cudaSuccess);
+    std::unique_ptr<T[]> staged(new T[n]);
+    if (n)
+      EXPECT_EQ(
+          cudaMemcpy(staged.get(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost),
+          cudaSuccess);
+    return std::vector<T>(staged.get(), staged.get() + n);
+  }
+
+private:
+  size_t n;
+  T *ptr = nullptr;
+};
+
+std::mt19937 &rng() {
+  static std::mt19937 generator(1234);
+  return generator;
+}
+
+template <typename T = float>
+std::vector<T> randomReals(size_t n, double lo = -1, double hi = 1) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<T> v(n);
+  for (T &x : v)
+    x = static_cast<T>(dist(rng()));
+  return v;
+}
+
+template <typename T> std::vector<T> randomInts(size_t n, T lo, T hi) {
+  std::uniform_int_distribution<int64_t> dist(lo, hi);
+  std::vector<T> v(n);
+  for (T &x : v)
+    x = static_cast<T>(dist(rng()));
+  return v;
+}
+
+/// got ≈ want elementwise: |got - want| <= tol·max(|want|, 1), NaN matching
+/// NaN and infinities matching exactly.
+template <typename T>
+::testing::AssertionResult near(const std::vector<T> &got,
+                                const std::vector<T> &want, double tol) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure()
+           << "size " << got.size() << ", expected " << want.size();
+  std::ostringstream bad;
+  int mismatches = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double g = got[i], w = want[i];
+    bool ok =
+        (std::isnan(g) && std::isnan(w)) ||
+        (std::isinf(w) ? g == w
+                       : std::abs(g - w) <= tol * std::max(std::abs(w), 1.0));
+    if (!ok && mismatches++ < 8)
+      bad << "\n  [" << i << "] " << g << ", expected " << w;
+  }
+  if (mismatches)
+    return ::testing::AssertionFailure()
+           << mismatches << " of " << got.size() << " differ:" << bad.str();
+  return ::testing::AssertionSuccess();
+}
+
+rt::cpu::Reduction cpuReduction(rt::cuda::Reduction r) {
+  return r == rt::cuda::Reduction::None  ? rt::cpu::Reduction::None
+         : r == rt::cuda::Reduction::Sum ? rt::cpu::Reduction::Sum
+                                         : rt::cpu::Reduction::Mean;
+}
+
+rt::cpu::ReduceKind cpuKind(rt::cuda::ReduceKind k) {
+  return k == rt::cuda::ReduceKind::Sum    ? rt::cpu::ReduceKind::Sum
+         : k == rt::cuda::ReduceKind::Mean ? rt::cpu::ReduceKind::Mean
+                                           : rt::cpu::ReduceKind::Max;
+}
+
+int64_t product(const std::vector<int64_t> &shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t(1),
+                         std::multiplies<int64_t>());
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+struct Add {
+  __host__ __device__ float operator()(float x0, float x1) const {
+    return x0 + x1;
+  }
+};
+struct AddGeluGpu {
+  __host__ __device__ float operator()(float x0, float x1) const {
+    return rt::cuda::gelu(x0 + x1, false);
+  }
+};
+struct AddGeluCpu {
+  float operator()(float x0, float x1) const {
+    return rt::cpu::gelu(x0 + x1, false);
+  }
+};
+struct Less {
+  __host__ __device__ bool operator()(float x0, float x1) const {
+    return x0 < x1;
+  }
+};
+struct Select {
+  __host__ __device__ float operator()(bool x0, float x1, float x2) const {
+    return x0 ? x1 : x2;
+  }
+};
+struct ToFloat {
+  __host__ __device__ float operator()(int64_t x0) const {
+    return static_cast<float>(x0);
+  }
+};
+struct TwiceXPlusY {
+  __host__ __device__ float operator()(float x0, float x1) const {
+    return 2.f * x0 + x1;
+  }
+};
+
+} // namespace
+
+// Tests a broadcast add fused with GELU: [2, 3, 4] + [3, 1].
+TEST_F(CudaKernels, ElementwiseBroadcast) {
+  const int64_t shape[] = {2, 3, 4}, sa[] = {12, 4, 1}, sb[] = {0, 1, 0};
+  auto a = randomReals(24), b = randomReals(3);
+  DeviceArray<float> da(a), db(b), dout(24);
+  rt::cuda::elementwise(dout.get(), 3, shape, AddGeluGpu{},
+                        rt::cuda::In<float>{da.get(), sa},
+                        rt::cuda::In<float>{db.get(), sb});
+  std::vector<float> want(24);
+  rt::cpu::elementwise(want.data(), 3, shape, AddGeluCpu{},
+                       rt::cpu::In<float>{a.data(), sa},
+                       rt::cpu::In<float>{b.data(), sb});
+  EXPECT_TRUE(near(dout.download(), want, 1e-5));
+}
+
+// Tests an operand read transposed, a rank-8 broadcast, and a scalar.
+TEST_F(CudaKernels, ElementwiseStridedAndScalar) {
+  const int64_t shape[] = {5, 7}, sa[] = {7, 1}, sb[] = {1, 5};
+  auto a = randomReals(35), b = randomReals(35);
+  DeviceArray<float> da(a), db(b), dout(35);
+  rt::cuda::elementwise(dout.get(), 2, shape, Add{},
+                        rt::cuda::In<float>{da.get(), sa},
+                        rt::cuda::In<float>{db.get(), sb});
+  std::vector<float> want(35);
+  rt::cpu::elementwise(want.data(), 2, shape, Add{},
+                       rt::cpu::In<float>{a.data(), sa},
+                       rt::cpu::In<float>{b.data(), sb});
+  EXPECT_TRUE(near(dout.download(), want, 1e-5));
+
+  const int64_t shape8[] = {2, 1, 3, 2, 1, 2, 3, 2};
+  const int64_t s8a[] = {72, 72, 24, 12, 12, 6, 2, 1};
+  // y is [2, 3] read transposed: dim 2 walks its columns, dim 5 its rows.
+  const int64_t s8b[] = {0, 0, 1, 0, 0, 3, 0, 0};
+  auto x = randomReals(144), y = randomReals(6);
+  DeviceArray<float> dx(x), dy(y), d8(144);
+  rt::cuda::elementwise(d8.get(), 8, shape8, Add{},
+                        rt::cuda::In<float>{dx.get(), s8a},
+                        rt::cuda::In<float>{dy.get(), s8b});
+  std::vector<float> want8(144);
+  rt::cpu::elementwise(want8.data(), 8, shape8, Add{},
+                       rt::cpu::In<float>{x.data(), s8a},
+                       rt::cpu::In<float>{y.data(), s8b});
+  EXPECT_TRUE(near(d8.download(), want8, 1e-5));
+
+  const int64_t none[] = {0};
+  std::vector<float> s = {1.25f}, t = {-3.5f};
+  DeviceArray<float> ds(s), dt(t), dscalar(1);
+  rt::cuda::elementwise(dscalar.get(), 0, none, Add{},
+                        rt::cuda::In<float>{ds.get(), none},
+                        rt::cuda::In<float>{dt.get(), none});
+  EXPECT_EQ(dscalar.download(), std::vector<float>{-2.25f});
+}
+
+// Tests bool and integer operands and results: compare, select, cast.
+TEST_F(CudaKernels, ElementwiseTypes) {
+  const int64_t shape[] = {4, 6}, s[] = {6, 1}, col[] = {1, 0};
+  auto a = randomReals(24), b = randomReals(24);
+  DeviceArray<float> da(a), db(b);
+  DeviceArray<bool> mask(24);
+  rt::cuda::elementwise(mask.get(), 2, shape, Less{},
+                        rt::cuda::In<float>{da.get(), s},
+                        rt::cuda::In<float>{db.get(), s});
+  std::vector<bool> wantMask(24);
+  for (int i = 0; i < 24; ++i)
+    wantMask[i] = a[i] < b[i];
+  EXPECT_EQ(mask.download(), wantMask);
+
+  std::vector<bool> rowMask = {true, false, false, true};
+  DeviceArray<bool> dRowMask(rowMask);
+  DeviceArray<float> selected(24);
+  rt::cuda::elementwise(selected.get(), 2, shape, Select{},
+                        rt::cuda::In<bool>{dRowMask.get(), col},
+                        rt::cuda::In<float>{da.get(), s},
+                        rt::cuda::In<float>{db.get(), s});
+  std::vector<float> wantSelected(24);
+  for (int i = 0; i < 24; ++i)
+    wantSelected[i] = rowMask[i / 6] ? a[i] : b[i];
+  EXPECT_EQ(selected.download(), wantSelected);
+
+  auto ints = randomInts<int64_t>(24, -1000, 1000);
+  DeviceArray<int64_t> dints(ints);
+  DeviceArray<float> cast(24);
+  rt::cuda::elementwise(cast.get(), 2, shape, ToFloat{},
+                        rt::cuda::In<int64_t>{dints.get(), s});
+  EXPECT_EQ(cast.download(), std::vector<float>(ints.begin(), ints.end()));
+}
+
+// Tests an in-place update: the output is the first input.
+TEST_F(CudaKernels, ElementwiseInPlace) {
+  const int64_t shape[] = {1000}, s[] = {1}, bcast[] = {0};
+  auto a = randomReals(1000), b = randomReals(1);
+  DeviceArray<float> da(a), db(b);
+  rt::cuda::elementwise(da.get(), 1, shape, TwiceXPlusY{},
+                        rt::cuda::In<float>{da.get(), s},
+                        rt::cuda::In<float>{db.get(), bcast});
+  std::vector<float> want(1000);
+  rt::cpu::elementwise(want.data(), 1, shape, TwiceXPlusY{},
+                       rt::cpu::In<float>{a.data(), s},
+                       rt::cpu::In<float>{b.data(), bcast});
+  EXPECT_TRUE(near(da.download(), want, 1e-5));
+}
+
+//===----------------------------------------------------------------------===//
+// Matmul
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+struct MatmulCase {
+  const char *name;
+  std::vector<int64_t> batch, aStrides, bStrides;
+  int64_t m, n, k;
+};
+
+/// Elements a strided batch of matrices spans (strides ≥ 0).
+int64_t span(const std::vector<int64_t> &batch,
+             const std::vector<int64_t> &strides, int64_t matrix) {
+  int64_t last = 0;
+  for (size_t d = 0; d < batch.size(); ++d)
+    last += (batch[d] - 1) * strides[d];
+  return last + matrix;
+}
+
+} // namespace
+
+// Tests matmul against the CPU for every transpose combination: no batch, a
+// contiguous batch, an A stack on a shared B, broadcasts on either side,
+// broadcasts that need several cuBLAS calls, batches with gaps, and k = 0.
+TEST_F(CudaKernels, Matmul) {
+  const int64_t m = 13, n = 9, k = 21, mk = m * k, kn = k * n;
+  const std::vector<MatmulCase> cases = {
+      {"plain", {}, {}, {}, m, n, k},
+      {"large", {}, {}, {}, 67, 45, 129},
+      {"batched", {4}, {mk}, {kn}, m, n, k},
+      {"shared B", {2, 3}, {3 * mk, mk}, {0, 0}, m, n, k},
+      {"shared A", {3}, {0}, {kn}, m, n, k},
+      {"mixed", {2, 3}, {mk, 0}, {0, kn}, m, n, k},
+      {"three dims", {2, 2, 3}, {6 * mk, 3 * mk, mk}, {0, 3 * kn, kn}, m, n, k},
+      {"gaps", {3}, {2 * mk + 5}, {kn + 3}, m, n, k},
+      {"k = 0", {2}, {0}, {0}, m, n, 0},
+  };
+  for (const MatmulCase &c : cases)
+    for (bool transA : {false, true})
+      for (bool transB : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << c.name << " transA=" << transA << " transB=" << transB);
+        const int batchRank = int(c.batch.size());
+        auto a = randomReals(span(c.batch, c.aStrides, c.m * c.k));
+        auto b = randomReals(span(c.batch, c.bStrides, c.k * c.n));
+        const int64_t cSize = product(c.batch) * c.m * c.n;
+        DeviceArray<float> da(a), db(b), dc(cSize);
+        rt::cuda::matmul(dc.get(), da.get(), db.get(), batchRank,
+                         c.batch.data(), c.aStrides.data(), c.bStrides.data(),
+                         c.m, c.n, c.k, transA, transB);
+        std::vector<float> want(cSize);
+        rt::cpu::matmul(want.data(), a.data(), b.data(), batchRank,
+                        c.batch.data(), c.aStrides.data(), c.bStrides.data(),
+                        c.m, c.n, c.k, transA, transB);
+        EXPECT_TRUE(near(dc.download(), want, 1e-4));
+      }
+}
+
+//===----------------------------------------------------------------------===//
+// Data movement
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+template <typename T>
+void checkTranspose(const std::vector<int64_t> &shape,
+                    const std::vector<int64_t> &perm) {
+  SCOPED_TRACE(::testing::Message() << "rank " << shape.size());
+  const int64_t n = product(shape);
+  auto in = randomInts<int64_t>(n, 0, 100);
+  std::vector<T> host(in.begin(), in.end());
+  DeviceArray<T> din(host), dout(n);
+  rt::cuda::transpose(dout.get(), din.get(), int(shape.size()), shape.data(),
+                      perm.data());
+  std::unique_ptr<T[]> want(new T[n]), staged(new T[n]);
+  std::copy(host.begin(), host.end(), staged.get());
+  rt::cpu::transpose(want.get(), staged.get(), int(shape.size()), shape.data(),
+                     perm.data());
+  EXPECT_EQ(dout.download(), std::vector<T>(want.get(), want.get() + n));
+}
+
+} // namespace
+
+// Tests transpose through tiles (partial ones too) and through row copies,
+// for several element types, and a scalar.
+TEST_F(CudaKernels, Transpose) {
+  checkTranspose<float>({3, 5}, {1, 0});
+  checkTranspose<float>({40, 70}, {1, 0});
+  checkTranspose<float>({2, 3, 4, 5}, {0, 3, 1, 2});
+  checkTranspose<float>({2, 3, 4, 5}, {1, 0, 2, 3});
+  checkTranspose<float>({2, 1, 33, 3}, {2, 0, 3, 1});
+  checkTranspose<float>({}, {});
+  checkTranspose<int64_t>({33, 2, 65}, {2, 1, 0});
+  checkTranspose<double>({7, 9}, {1, 0});
+  checkTranspose<bool>({5, 34}, {1, 0});
+  checkTranspose<int8_t>({3, 4, 5}, {2, 0, 1});
+  checkTranspose<uint16_t>({6, 40}, {1, 0});
+}
+
+// Tests slice with a negative stride and its gradient.
+TEST_F(CudaKernels, SliceAndSliceGrad) {
+  const int64_t inShape[] = {4, 6, 5}, start[] = {1, 5, 0},
+                stride[] = {2, -2, 1}, outShape[] = {2, 3, 5};
+  auto in = randomReals(120), dout = randomReals(30);
+  DeviceArray<float> din(in), dsliced(30), ddout(dout), dgrad(120);
+  rt::cuda::slice(dsliced.get(), din.get(), 3, inShape, start, stride,
+                  outShape);
+  std::vector<float> want(30);
+  rt::cpu::slice(want.data(), in.data(), 3, inShape, start, stride, outShape);
+  EXPECT_EQ(dsliced.download(), want);
+
+  rt::cuda::sliceGrad(dgrad.get(), ddout.get(), 3, inShape, start, stride,
+                      outShape);
+  std::vector<float> wantGrad(120);
+  rt::cpu::sliceGrad(wantGrad.data(), dout.data(), 3, inShape, start, stride,
+                     outShape);
+  EXPECT_EQ(dgrad.download(), wantGrad);
+}
+
+// Tests concat along a middle dim, with an empty input that has no buffer.
+TEST_F(CudaKernels, Concat) {
+  const int64_t outer = 3, inner = 4, sizes[] = {2, 0, 3};
+  auto a = randomReals(outer * 2 * inner), c = randomReals(outer * 3 * inner);
+  DeviceArray<float> da(a), dc(c), dout(outer * 5 * inner);
+  const float *ins[] = {da.get(), nullptr, dc.get()};
+  rt::cuda::concat(dout.get(), 3, ins, sizes, outer, inner);
+  std::vector<float> want(outer * 5 * inner);
+  const float *hostIns[] = {a.data(), nullptr, c.data()};
+  rt::cpu::concat(want.data(), 3, hostIns, sizes, outer, inner);
+  EXPECT_EQ(dout.download(), want);
+}
+
+// Tests gather with negative indices (int64) and with inner = 1 (int32).
+TEST_F(CudaKernels, Gather) {
+  auto table = randomReals(2 * 5 * 3);
+  std::vector<int64_t> idx = {0, -1, 3, 3, -5};
+  DeviceArray<float> dtable(table), dout(2 * 5 * 3);
+  DeviceArray<int64_t> didx(idx);
+  rt::cuda::gather(dout.get(), dtable.get(), didx.get(), 2, 5, 5, 3);
+  std::vector<float> want(2 * 5 * 3);
+  rt::cpu::gather(want.data(), table.data(), idx.data(), 2, 5, 5, 3);
+  EXPECT_EQ(dout.download(), want);
+
+  auto ints = randomInts<int32_t>(7 * 11, -50, 50);
+  auto idx32 = randomInts<int32_t>(9, 0, 10);
+  DeviceArray<int32_t> dints(ints), didx32(idx32), dout32(7 * 9);
+  rt::cuda::gather(dout32.get(), dints.get(), didx32.get(), 7, 11, 9, 1);
+  std::vector<int32_t> want32(7 * 9);
+  rt::cpu::gather(want32.data(), ints.data(), idx32.data(), 7, 11, 9, 1);
+  EXPECT_EQ(dout32.download(), want32);
+}
+
+// Tests gatherGrad with repeated and negative indices, in float and double:
+// the additions happen in the CPU's order, so the results are identical.
+TEST_F(CudaKernels, GatherGrad) {
+  std::vector<int64_t> idx = {1, 1, 4, 1, 0, -1, 2};
+  auto dout = randomReals(2 * 7 * 33);
+  DeviceArray<float> ddout(dout), ddin(2 * 6 * 33);
+  DeviceArray<int64_t> didx(idx);
+  rt::cuda::gatherGrad(ddin.get(), ddout.get(), didx.get(), 2, 6, 7, 33);
+  std::vector<float> want(2 * 6 * 33);
+  rt::cpu::gatherGrad(want.data(), dout.data(), idx.data(), 2, 6, 7, 33);
+  EXPECT_EQ(ddin.download(), want);
+
+  // An embedding-like table: many indices into few rows, many bands.
+  auto idx32 = randomInts<int32_t>(300, 0, 49);
+  auto dout64 = randomReals<double>(300 * 16);
+  DeviceArray<int32_t> didx32(idx32);
+  DeviceArray<double> ddout64(dout64), ddin64(50 * 16);
+  rt::cuda::gatherGrad(ddin64.get(), ddout64.get(), didx32.get(), 1, 50, 300,
+                       16);
+  std::vector<double> want64(50 * 16);
+  rt::cpu::gatherGrad(want64.data(), dout64.data(), idx32.data(), 1, 50, 300,
+                      16);
+  EXPECT_EQ(ddin64.download(), want64);
+}
+
+// Tests fill, copy and addInto.
+TEST_F(CudaKernels, FillCopyAddInto) {
+  auto a = randomReals(1001), b = randomReals(1001);
+  DeviceArray<float> da(a), db(b), dcopy(1001);
+  rt::cuda::fill(dcopy.get(), 1001, 2.5f);
+  EXPECT_EQ(dcopy.download(), std::vector<float>(1001, 2.5f));
+  rt::cuda::copy(dcopy.get(), da.get(), 1001);
+  EXPECT_EQ(dcopy.download(), a);
+  rt::cuda::addInto(da.get(), db.get(), 1001);
+  std::vector<float> want = a;
+  rt::cpu::addInto(want.data(), b.data(), 1001);
+  EXPECT_EQ(da.download(), want);
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions, softmax, normalisation
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+template <typename T>
+void checkReduce(const std::vector<int64_t> &shape,
+                 const std::vector<bool> &reducedDims,
+                 rt::cuda::ReduceKind kind, const std::vector<T> &in,
+                 double tol) {
+  SCOPED_TRACE(::testing::Message() << "kind " << int(kind) << " dims "
+                                    << ::testing::PrintToString(reducedDims));
+  const int rank = int(shape.size());
+  std::unique_ptr<bool[]> reduced(new bool[rank + 1]);
+  int64_t kept = 1;
+  for (int d = 0; d < rank; ++d) {
+    reduced[d] = reducedDims[d];
+    kept *= reducedDims[d] ? 1 : shape[d];
+  }
+  DeviceArray<T> din(in), dout(kept);
+  rt::cuda::reduce(dout.get(), din.get(), rank, shape.data(), reduced.get(),
+                   kind);
+  std::vector<T> want(kept);
+  rt::cpu::reduce(want.data(), in.data(), rank, shape.data(), reduced.get(),
+                  cpuKind(kind));
+  if constexpr (std::is_floating_point_v<T>)
+    EXPECT_TRUE(near(dout.download(), want, tol));
+  else
+    EXPECT_EQ(dout.download(), want);
+}
+
+} // namespace
+
+// Tests reduce over every subset of dims of a 3-D tensor, each kind, several
+// types, size-1 and empty dims, and NaN propagation by Max.
+TEST_F(CudaKernels, Reduce) {
+  using Kind = rt::cuda::ReduceKind;
+  const std::vector<int64_t> shape = {4, 5, 70};
+  auto x = randomReals(4 * 5 * 70, -3, 3);
+  for (int mask = 0; mask < 8; ++mask)
+    for (Kind kind : {Kind::Sum, Kind::Mean, Kind::Max})
+      checkReduce<float>(shape,
+                         {bool(mask & 4), bool(mask & 2), bool(mask & 1)}, kind,
+                         x, 1e-5);
+  auto xd = randomReals<double>(4 * 5 * 70);
+  checkReduce<double>(shape, {true, false, true}, Kind::Mean, xd, 1e-12);
+  auto xi = randomInts<int32_t>(4 * 5 * 70, -100, 100);
+  checkReduce<int32_t>(shape, {false, true, false}, Kind::Sum, xi, 0);
+  checkReduce<int32_t>(shape, {false, false, true}, Kind::Mean, xi, 0);
+  auto xl = randomInts<int64_t>(4 * 5 * 70, -100000, 100000);
+  checkReduce<int64_t>(shape, {true, true, false}, Kind::Max, xl, 0);
+
+  auto ones = randomReals(12);
+  checkReduce<float>({3, 1, 4}, {false, true, false}, Kind::Sum, ones, 1e-5);
+  for (Kind kind : {Kind::Sum, Kind::Mean, Kind::Max})
+    checkReduce<float>({3, 0, 2}, {false, true, false}, kind, {}, 1e-5);
+
+  auto withNan = randomReals(4 * 5 * 70);
+  withNan[123] = std::numeric_limits<float>::quiet_NaN();
+  checkReduce<float>(shape, {false, false, true}, Kind::Max, withNan, 1e-5);
+  checkReduce<float>(shape, {true, false, false}, Kind::Max, withNan, 1e-5);
+}
+
+// Tests softmax and log-softmax along the last dim and a middle dim, with
+// -inf entries and an all -inf row (NaN, as on the CPU), and the gradients.
+TEST_F(CudaKernels, SoftmaxAndGrad) {
+  struct Case {
+    int64_t outer, n, inner;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  for (Case c : {Case{3, 37, 1}, Case{2, 3000, 1}, Case{2, 5, 7}})
+    for (bool log : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << c.outer << "x" << c.n << "x"
+                                        << c.inner << " log=" << log);
+      const int64_t size = c.outer * c.n * c.inner;
+      auto x = randomReals(size, -4, 4);
+      x[1] = -inf;
+      if (c.inner == 1)
+        for (int64_t i = 0; i < c.n; ++i)
+          x[c.n + i] = -inf; // the second row
+      DeviceArray<float> dx(x), dy(size);
+      rt::cuda::softmax(dy.get(), dx.get(), c.outer, c.n, c.inner, log);
+      std::vector<float> y(size);
+      rt::cpu::softmax(y.data(), x.data(), c.outer, c.n, c.inner, log);
+      EXPECT_TRUE(near(dy.download(), y, 1e-5));
+
+      // The gradient at a finite point.
+      auto finite = randomReals(size, -4, 4);
+      rt::cpu::softmax(y.data(), finite.data(), c.outer, c.n, c.inner, log);
+      auto g = randomReals(size);
+      DeviceArray<float> dyFinite(y), dg(g), ddx(size);
+      rt::cuda::softmaxGrad(ddx.get(), dyFinite.get(), dg.get(), c.outer, c.n,
+                            c.inner, log);
+      std::vector<float> want(size);
+      rt::cpu::softmaxGrad(want.data(), y.data(), g.data(), c.outer, c.n,
+                           c.inner, log);
+      EXPECT_TRUE(near(ddx.download(), want, 1e-5));
+    }
+}
+
+// Tests layerNorm (with and without bias) and its gradient (with and
+// without dbias) on rows whose mean is far from 0.
+TEST_F(CudaKernels, LayerNormAndGrad) {
+  const int64_t rows = 7, cols = 300;
+  const float eps = 1e-5f;
+  auto x = randomReals(rows * cols, 2, 5), scale = randomReals(cols),
+       bias = randomReals(cols), dy = randomReals(rows * cols);
+  DeviceArray<float> dx(x), dscale(scale), dbias(bias), ddy(dy);
+  for (bool withBias : {true, false}) {
+    SCOPED_TRACE(withBias ? "bias" : "no bias");
+    DeviceArray<float> out(rows * cols), gx(rows * cols), gscale(cols),
+        gbias(cols);
+    rt::cuda::layerNorm(out.get(), dx.get(), dscale.get(),
+                        withBias ? dbias.get() : nullptr, rows, cols, eps);
+    std::vector<float> want(rows * cols);
+    rt::cpu::layerNorm(want.data(), x.data(), scale.data(),
+                       withBias ? bias.data() : nullptr, rows, cols, eps);
+    EXPECT_TRUE(near(out.download(), want, 1e-5));
+
+    rt::cuda::layerNormGrad(gx.get(), gscale.get(),
+                            withBias ? gbias.get() : nullptr, dx.get(),
+                            dscale.get(), ddy.get(), rows, cols, eps);
+    std::vector<float> wantX(rows * cols), wantScale(cols), wantBias(cols);
+    rt::cpu::layerNormGrad(wantX.data(), wantScale.data(),
+                           withBias ? wantBias.data() : nullptr, x.data(),
+                           scale.data(), dy.data(), rows, cols, eps);
+    EXPECT_TRUE(near(gx.download(), wantX, 1e-5));
+    EXPECT_TRUE(near(gscale.download(), wantScale, 1e-5));
+    if (withBias)
+      EXPECT_TRUE(near(gbias.download(), wantBias, 1e-5));
+  }
+}
+
+// Tests rmsNorm and its gradient, with more rows than a column block has
+// lanes.
+TEST_F(CudaKernels, RmsNormAndGrad) {
+  const int64_t rows = 37, cols = 70;
+  const float eps = 1e-6f;
+  auto x = randomReals(rows * cols), scale = randomReals(cols),
+       dy = randomReals(rows * cols);
+  DeviceArray<float> dx(x), dscale(scale), ddy(dy), out(rows * cols),
+      gx(rows * cols), gscale(cols);
+  rt::cuda::rmsNorm(out.get(), dx.get(), dscale.get(), rows, cols, eps);
+  std::vector<float> want(rows * cols);
+  rt::cpu::rmsNorm(want.data(), x.data(), scale.data(), rows, cols, eps);
+  EXPECT_TRUE(near(out.download(), want, 1e-5));
+
+  rt::cuda::rmsNormGrad(gx.get(), gscale.get(), dx.get(), dscale.get(),
+                        ddy.get(), rows, cols, eps);
+  std::vector<float> wantX(rows * cols), wantScale(cols);
+  rt::cpu::rmsNormGrad(wantX.data(), wantScale.data(), x.data(), scale.data(),
+                       dy.data(), rows, cols, eps);
+  EXPECT_TRUE(near(gx.download(), wantX, 1e-5));
+  EXPECT_TRUE(near(gscale.download(), wantScale, 1e-5));
+}
+
+//===----------------------------------------------------------------------===//
+// Attention
+//===----------------------------------------------------------------------===//
+
+// Tests causal attention and its gradients: one token, lengths below, at and
+// above multiples of the 32-row tile, and head dims that differ (d ≠ dv, odd
+// ones, more than a warp's width).
+TEST_F(CudaKernels, CausalAttentionAndGrad) {
+  struct Case {
+    int64_t batch, t, d, dv;
+  };
+  for (Case c : {Case{2, 1, 8, 8}, Case{3, 33, 16, 24}, Case{2, 64, 32, 32},
+                 Case{2, 70, 64, 64}, Case{1, 129, 40, 17}}) {
+    SCOPED_TRACE(::testing::Message() << "batch " << c.batch << " t " << c.t
+                                      << " d " << c.d << " dv " << c.dv);
+    const float scale = 1.f / std::sqrt(float(c.d));
+    const int64_t qSize = c.batch * c.t * c.d, vSize = c.batch * c.t * c.dv;
+    auto q = randomReals(qSize, -2, 2), k = randomReals(qSize, -2, 2),
+         v = randomReals(vSize), dout = randomReals(vSize);
+    DeviceArray<float> dq(q), dk(k), dv(v), ddout(dout), out(vSize),
+        lse(c.batch * c.t);
+    rt::cuda::causalAttention(out.get(), lse.get(), dq.get(), dk.get(),
+                              dv.get(), c.batch, c.t, c.d, c.dv, scale);
+    std::vector<float> wantOut(vSize), wantLse(c.batch * c.t);
+    rt::cpu::causalAttention(wantOut.data(), wantLse.data(), q.data(), k.data(),
+                             v.data(), c.batch, c.t, c.d, c.dv, scale);
+    EXPECT_TRUE(near(out.download(), wantOut, 1e-4));
+    EXPECT_TRUE(near(lse.download(), wantLse, 1e-4));
+
+    // The gradients from the CPU's forward, so that both start equal.
+    DeviceArray<float> cpuOut(wantOut), cpuLse(wantLse), gq(qSize), gk(qSize),
+        gv(vSize);
+    rt::cuda::causalAttentionGrad(gq.get(), gk.get(), gv.get(), dq.get(),
+                                  dk.get(), dv.get(), cpuOut.get(),
+                                  cpuLse.get(), ddout.get(), c.batch, c.t, c.d,
+                                  c.dv, scale);
+    std::vector<float> wantQ(qSize), wantK(qSize), wantV(vSize);
+    rt::cpu::causalAttentionGrad(wantQ.data(), wantK.data(), wantV.data(),
+                                 q.data(), k.data(), v.data(), wantOut.data(),
+                                 wantLse.data(), dout.data(), c.batch, c.t, c.d,
+                                 c.dv, scale);
+    EXPECT_TRUE(near(gq.download(), wantQ, 1e-4));
+    EXPECT_TRUE(near(gk.download(), wantK, 1e-4));
+    EXPECT_TRUE(near(gv.download(), wantV, 1e-4));
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Losses
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+template <typename Idx> void checkLosses(bool hasIgnore) {
+  using R = rt::cuda::Reduction;
+  const int64_t rows = 19, classes = 37, ignoreIndex = -100;
+  SCOPED_TRACE(::testing::Message()
+               << "Idx bytes " << sizeof(Idx) << " hasIgnore " << hasIgnore);
+  auto logits = randomReals(rows * classes, -3, 3);
+  auto targets = randomInts<Idx>(rows, 0, classes - 1);
+  if (hasIgnore)
+    targets[2] = targets[7] = targets[8] = Idx(ignoreIndex);
+  std::vector<float> logProbs(rows * classes);
+  rt::cpu::softmax(logProbs.data(), logits.data(), rows, classes, 1, true);
+  DeviceArray<float> dlogits(logits), dlogProbs(logProbs);
+  DeviceArray<Idx> dtargets(targets);
+  auto dlossRows = randomReals(rows);
+  for (R r : {R::None, R::Sum, R::Mean}) {
+    SCOPED_TRACE(::testing::Message() << "reduction " << int(r));
+    const int64_t lossSize = r == R::None ? rows : 1;
+    std::vector<float> dloss =
+        r == R::None ? dlossRows : std::vector<float>{0.7f};
+    DeviceArray<float> loss(lossSize), nll(lossSize), ddloss(dloss),
+        grad(rows * classes), nllGrad(rows * classes);
+
+    rt::cuda::crossEntropy(loss.get(), dlogits.get(), dtargets.get(), rows,
+                           classes, hasIgnore, ignoreIndex, r);
+    std::vector<float> want(lossSize);
+    rt::cpu::crossEntropy(want.data(), logits.data(), targets.data(), rows,
+                          classes, hasIgnore, ignoreIndex, cpuReduction(r));
+    EXPECT_TRUE(near(loss.download(), want, 1e-5));
+
+    rt::cuda::crossEntropyGrad(grad.get(), dlogits.get(), dtargets.get(),
+                               ddloss.get(), rows, classes, hasIgnore,
+                               ignoreIndex, r);
+    std::vector<float> wantGrad(rows * classes);
+    rt::cpu::crossEntropyGrad(wantGrad.data(), logits.data(), targets.data(),
+                              dloss.data(), rows, classes, hasIgnore,
+                              ignoreIndex, cpuReduction(r));
+    EXPECT_TRUE(near(grad.download(), wantGrad, 1e-5));
+
+    rt::cuda::nllLoss(nll.get(), dlogProbs.get(), dtargets.get(), rows, classes,
+                      hasIgnore, ignoreIndex, r);
+    rt::cpu::nllLoss(want.data(), logProbs.data(), targets.data(), rows,
+                     classes, hasIgnore, ignoreIndex, cpuReduction(r));
+    EXPECT_TRUE(near(nll.download(), want, 1e-5));
+
+    rt::cuda::nllLossGrad(nllGrad.get(), dtargets.get(), ddloss.get(), rows,
+                          classes, hasIgnore, ignoreIndex, r);
+    rt::cpu::nllLossGrad(wantGrad.data(), targets.data(), dloss.data(), rows,
+                         classes, hasIgnore, ignoreIndex, cpuReduction(r));
+    EXPECT_TRUE(near(nllGrad.download(), wantGrad, 1e-5));
+  }
+}
+
+} // namespace
+
+// Tests cross entropy and NLL, forward and backward, for every reduction,
+// with and without ignored targets, for both index types.
+TEST_F(CudaKernels, Losses) {
+  checkLosses<int64_t>(false);
+  checkLosses<int64_t>(true);
+  checkLosses<int32_t>(true);
+}
+
+// Tests that a mean over targets that are all ignored is NaN (0/0), as in
+// PyTorch, and that the rows get no gradient.
+TEST_F(CudaKernels, LossesAllIgnored) {
+  const int64_t rows = 4, classes = 5;
+  auto logits = randomReals(rows * classes);
+  std::vector<int64_t> targets(rows, -1);
+  std::vector<float> dloss = {1.f};
+  DeviceArray<float> dlogits(logits), loss(1), ddloss(dloss),
+      grad(rows * classes);
+  DeviceArray<int64_t> dtargets(targets);
+  rt::cuda::crossEntropy(loss.get(), dlogits.get(), dtargets.get(), rows,
+                         classes, true, -1, rt::cuda::Reduction::Mean);
+  EXPECT_TRUE(std::isnan(loss.download()[0]));
+  rt::cuda::crossEntropyGrad(grad.get(), dlogits.get(), dtargets.get(),
+                             ddloss.get(), rows, classes, true, -1,
+                             rt::cuda::Reduction::Mean);
+  EXPECT_EQ(grad.download(), std::vector<float>(rows * classes, 0.f));
+}
