@@ -59,6 +59,8 @@ public:
   void wait();
   /// Whether the collective is complete, without blocking.
   bool test();
+  /// Whether it was waited (or never started).
+  bool waited() const { return !pending; }
 
 private:
   friend class Communicator;
@@ -93,6 +95,7 @@ public:
   double timeout() const { return timeoutSeconds; }
   /// The 1-based training step named in error messages; 0 before training.
   void setStep(int64_t step) { currentStep = step; }
+  int64_t step() const { return currentStep; }
 
   /// out[i] = sum over ranks of in[i], for i < n. `in == out` is in place.
   void allReduceSum(const float *in, float *out, int64_t n);
@@ -122,6 +125,8 @@ public:
   Request iallGather(const float *in, float *out, int64_t n);
 
   const CommBytes &bytes() const { return counters; }
+  /// Counts bytes another transport moved for this group (NCCL on GPUs).
+  CommBytes &mutableBytes() { return counters; }
   void resetBytes() { counters = CommBytes(); }
 
   /// Prints `train: error: rank R: message` and aborts every rank of the

@@ -10,6 +10,7 @@
 #ifndef FASTLLM_RUNTIME_DEVICE_H
 #define FASTLLM_RUNTIME_DEVICE_H
 
+#include "runtime/ShardComm.h"
 #include "runtime/Status.h"
 
 #include <cstdint>
@@ -39,6 +40,21 @@ Expected<Arena> allocateArena(int64_t bytes);
 /// Returns once the work the step started on the device is done, so that
 /// host code may read or write the arena.
 void synchronizeDevice();
+
+/// ZeRO's collectives on this target's memory: MPI for the CPU; NCCL for
+/// CUDA, bootstrapped through `comm`, with a watchdog that ends the job when
+/// one outlives `timeoutSeconds`, naming rank, step and collective.
+Expected<std::unique_ptr<ShardComm>> createShardComm(Communicator &comm,
+                                                     double timeoutSeconds);
+
+/// Elementwise work on arena memory, ordered after the device's earlier work
+/// (CPU: done when the call returns; CUDA: enqueued on the step's stream).
+void deviceFill(float *out, int64_t n, float value);
+void deviceCopy(float *out, const float *in, int64_t n);
+/// out[i] = in[i] * scale (out == in allowed).
+void deviceScale(float *out, const float *in, int64_t n, float scale);
+/// out[i] += in[i] * scale.
+void deviceAddScaled(float *out, const float *in, int64_t n, float scale);
 
 } // namespace fastllm::rt
 

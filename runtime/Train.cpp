@@ -11,13 +11,13 @@
 #include "runtime/Plan.h"
 #include "runtime/Safetensors.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <algorithm>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -148,19 +148,22 @@ std::string planSummary(const PlanInfo &plan, const Options &opts) {
 /// shards (DESIGN.md section 3): stage k's shard of rank r is full[offset_k
 /// + r * e_k / dp, + e_k / dp) <-> shard[offset_k / dp, + e_k / dp). With
 /// dp = 1 the shard is the whole stage and the moves are local copies that
-/// communicate (and count) nothing.
+/// communicate (and count) nothing. Collectives go through the target's
+/// ShardComm and elementwise work through the device functions, so on a GPU
+/// all of it stays on the device, in order with the step.
 ///
 /// ZeRO-1 reduces the full gradients once per step (reduceScatterGrads) and
 /// ZeRO-1/2 gather the updated weights into the full params once per step
-/// (gatherParams). ZeRO-2/3 steps call back through `collectives()`: they
-/// gather a stage's weights into a slot (ZeRO-3) and reduce a gradient slot
-/// into the shard, accumulating the mean over ranks and micro-batches.
+/// (gather). ZeRO-2/3 steps call back through `collectives()`: they gather
+/// a stage's weights into a slot (ZeRO-3) and reduce a gradient slot into
+/// the shard, accumulating the mean over ranks and micro-batches.
 class Zero {
 public:
-  Zero(const PlanInfo &plan, Communicator &comm, char *arena)
-      : plan(plan), comm(comm), dp(plan.dataParallel), rank(comm.rank()),
-        arena(arena), params(region(plan.paramsOffset)),
-        grads(region(plan.gradsOffset)), master(region(plan.masterOffset)),
+  Zero(const PlanInfo &plan, Communicator &comm, ShardComm &shards,
+       char *arena)
+      : plan(plan), comm(comm), shards(shards), dp(plan.dataParallel),
+        rank(comm.rank()), arena(arena), grads(region(plan.gradsOffset)),
+        master(region(plan.masterOffset)),
         gradShard(region(plan.gradShardOffset)) {
     table.context = this;
     table.allGather = [](void *self, int32_t stage, int32_t slot) {
@@ -178,7 +181,8 @@ public:
   /// The scale the step's reduce-scatters apply: 1 / (dp * micro-batches).
   void setGradScale(float scale) { gradScale = scale; }
 
-  /// master = this rank's shard of `full` (the initial weights).
+  /// master = this rank's shard of `full` (the initial weights, host code
+  /// before the first step).
   void shardParams(const float *full) {
     for (int32_t k = 0; k < plan.numStages; ++k) {
       ShardSlice s = shardSlice(plan, k, rank);
@@ -190,29 +194,46 @@ public:
   /// ZeRO-1: gradShard = this rank's shard of the sum over ranks of grads,
   /// times `scale`. Every stage's reduce-scatter is in flight at once.
   void reduceScatterGrads(float scale) {
-    if (dp == 1) {
-      scaleInto(gradShard, grads, plan.paramElements, scale);
-      return;
-    }
-    std::vector<Request> pending;
+    if (dp == 1)
+      return deviceScale(gradShard, grads, plan.paramElements, scale);
+    std::vector<int32_t> pending(plan.numStages, -1);
     for (int32_t k = 0; k < plan.numStages; ++k) {
       ShardSlice s = shardSlice(plan, k, 0);
-      pending.push_back(s.elements ? comm.ireduceScatterSum(
-                                         grads + plan.stages[k].offset,
-                                         gradShard + s.shardOffset, s.elements)
-                                   : Request());
+      if (s.elements)
+        pending[k] = shards.startReduceScatter(grads + plan.stages[k].offset,
+                                               gradShard + s.shardOffset,
+                                               s.elements);
     }
     for (int32_t k = 0; k < plan.numStages; ++k) {
-      pending[k].wait();
+      if (pending[k] < 0)
+        continue;
+      shards.wait(pending[k]);
       ShardSlice s = shardSlice(plan, k, 0);
-      scaleInto(gradShard + s.shardOffset, gradShard + s.shardOffset,
-                s.elements, scale);
+      deviceScale(gradShard + s.shardOffset, gradShard + s.shardOffset,
+                  s.elements, scale);
     }
   }
 
-  /// full = every rank's shard (params after an update, or the reduced
-  /// gradients for a dump).
+  /// full = every rank's shard, in arena memory (the params after an
+  /// update).
   void gather(const float *shard, float *full) {
+    if (dp == 1)
+      return deviceCopy(full, shard, plan.paramElements);
+    std::vector<int32_t> pending;
+    for (int32_t k = 0; k < plan.numStages; ++k) {
+      ShardSlice s = shardSlice(plan, k, 0);
+      if (s.elements)
+        pending.push_back(shards.startAllGather(
+            shard + s.shardOffset, full + plan.stages[k].offset, s.elements));
+    }
+    for (int32_t r : pending)
+      shards.wait(r);
+  }
+
+  /// The same into host memory (the reduced gradients for a dump, ZeRO-3's
+  /// weights to save), over MPI once the device is done.
+  void gatherToHost(const float *shard, float *full) {
+    synchronizeDevice();
     if (dp == 1) {
       std::memcpy(full, shard, plan.paramElements * sizeof(float));
       return;
@@ -234,29 +255,10 @@ private:
     return offset < 0 ? nullptr : reinterpret_cast<float *>(arena + offset);
   }
 
-  /// out[i] = in[i] * scale (a copy when scale is 1).
-  static void scaleInto(float *out, const float *in, int64_t n, float scale) {
-    if (scale == 1.0f) {
-      if (out != in)
-        std::memcpy(out, in, n * sizeof(float));
-      return;
-    }
-#pragma omp parallel for
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = in[i] * scale;
-  }
-
-  /// out[i] += in[i] * scale.
-  static void addScaled(float *out, const float *in, int64_t n, float scale) {
-#pragma omp parallel for
-    for (int64_t i = 0; i < n; ++i)
-      out[i] += in[i] * scale;
-  }
-
-  /// A collective the step started; `add` is what its wait completes (a
-  /// reduce-scatter's result, added into gradShard).
+  /// A collective the step started (-1: a local copy, already done) and,
+  /// for a reduce-scatter, where its wait adds the result.
   struct InFlight {
-    Request request;
+    int32_t request = -1;
     const float *add = nullptr;
     float *into = nullptr;
     int64_t elements = 0;
@@ -266,53 +268,50 @@ private:
     if (std::all_of(inFlight.begin(), inFlight.end(),
                     [](const std::optional<InFlight> &f) { return !f; }))
       inFlight.clear();
-    inFlight.push_back(std::move(op));
+    inFlight.push_back(op);
     return int32_t(inFlight.size() - 1);
   }
 
-  // The step calls these between its kernels: the device finishes what it
-  // started before host code (MPI, copies) touches the arena.
   int32_t startGather(int32_t stage, int32_t slot) {
-    synchronizeDevice();
     ShardSlice s = shardSlice(plan, stage, 0);
     float *out = region(plan.weightSlots[slot].offset);
     if (dp == 1) {
-      std::memcpy(out, master + s.shardOffset, s.elements * sizeof(float));
+      deviceCopy(out, master + s.shardOffset, s.elements);
       return track({});
     }
-    return track({comm.iallGather(master + s.shardOffset, out, s.elements)});
+    return track({shards.startAllGather(master + s.shardOffset, out,
+                                        s.elements)});
   }
 
   int32_t startReduce(int32_t stage, int32_t slot) {
-    synchronizeDevice();
     ShardSlice s = shardSlice(plan, stage, 0);
-    const SlotInfo &g = plan.gradSlots[slot];
+    float *slotData = region(plan.gradSlots[slot].offset);
     float *shard = gradShard + s.shardOffset;
     if (dp == 1) {
-      addScaled(shard, region(g.offset), s.elements, gradScale);
+      deviceAddScaled(shard, slotData, s.elements, gradScale);
       return track({});
     }
     // In place: the slot is busy until the wait, which adds this rank's
     // part (left at the slot's start) into the shard.
-    float *slotData = region(g.offset);
-    return track({comm.ireduceScatterSum(slotData, slotData, s.elements),
+    return track({shards.startReduceScatter(slotData, slotData, s.elements),
                   slotData, shard, s.elements});
   }
 
   void finish(int32_t request) {
-    synchronizeDevice();
     std::optional<InFlight> &op = inFlight.at(request);
-    op->request.wait();
+    if (op->request >= 0)
+      shards.wait(op->request);
     if (op->add)
-      addScaled(op->into, op->add, op->elements, gradScale);
+      deviceAddScaled(op->into, op->add, op->elements, gradScale);
     op.reset();
   }
 
   const PlanInfo &plan;
   Communicator &comm;
+  ShardComm &shards;
   const int64_t dp, rank;
   char *arena;
-  float *params, *grads, *master, *gradShard;
+  float *grads, *master, *gradShard;
   Collectives table;
   float gradScale = 1.0f;
   std::vector<std::optional<InFlight>> inFlight;
@@ -363,7 +362,11 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
         *gradShard = region(plan.gradShardOffset);
   auto *tokens = reinterpret_cast<int64_t *>(arena->get() + plan.tokensOffset);
   auto *targets = reinterpret_cast<int64_t *>(arena->get() + plan.targetsOffset);
-  Zero zero(plan, comm, arena->get());
+  Expected<std::unique_ptr<ShardComm>> shardComm =
+      createShardComm(comm, opts.collectiveTimeout);
+  if (!shardComm)
+    return shardComm.status();
+  Zero zero(plan, comm, **shardComm, arena->get());
   // The full weights, where the step reads them (ZeRO-1/2) or, for ZeRO-3,
   // outside the arena while they are loaded and for --save-weights.
   std::vector<float> fullOutside;
@@ -438,6 +441,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     optimizerStep = m.optimizerStep;
     if (params)
       zero.gather(master, params);
+    synchronizeDevice();
   }
 
   std::optional<MetricsFile> metrics;
@@ -474,9 +478,9 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     comm.setStep(s + 1);
     comm.resetBytes();
     if (plan.zeroStage == 1)
-      std::memset(grads, 0, plan.paramElements * sizeof(float));
+      deviceFill(grads, plan.paramElements, 0.0f);
     else // the step's reduce-scatters accumulate into the shard
-      std::memset(gradShard, 0, shardElements(plan) * sizeof(float));
+      deviceFill(gradShard, shardElements(plan), 0.0f);
     double lossSum = 0;
     for (int64_t micro = 0; micro < opts.gradAccum; ++micro) {
       fillMicroBatch(*data, sampler, s, rank, micro, tokens, targets);
@@ -499,12 +503,13 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                     std::isnan(loss) ? "NaN" : "infinite", (long long)(s + 1));
     if (plan.zeroStage == 1)
       zero.reduceScatterGrads(gradScale);
+    synchronizeDevice(); // the optimizer reads the shard on the host
     // The dump's gather is a diagnostic, not part of the step's traffic.
     int64_t dumpGatherBytes = 0;
     if (s == 0 && !opts.dumpGradsPath.empty()) {
       int64_t before = comm.bytes().allGather;
       std::vector<float> reduced(plan.paramElements);
-      zero.gather(gradShard, reduced.data());
+      zero.gatherToHost(gradShard, reduced.data());
       dumpGatherBytes = comm.bytes().allGather - before;
       if (leader)
         if (Status st = saveParams(opts.dumpGradsPath, plan, reduced.data(),
@@ -522,6 +527,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     adamw.step(master, gradShard, adamM, adamV, lr, ++optimizerStep);
     if (params) // ZeRO-3 gathers in the next step, stage by stage
       zero.gather(master, params);
+    // Host code (the next micro-batch's tokens, a checkpoint) comes next.
+    synchronizeDevice();
 
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
@@ -576,8 +583,9 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     float *full = params;
     if (!full) { // ZeRO-3: every rank takes part in the gather
       full = fullParams();
-      zero.gather(master, full);
+      zero.gatherToHost(master, full);
     }
+    synchronizeDevice();
     if (leader)
       if (Status s = saveParams(opts.saveWeightsPath, plan, full,
                                 /*trainableOnly=*/false, frozen);

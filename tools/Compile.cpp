@@ -268,18 +268,21 @@ static bool buildBinary(StringRef dir, fastllm::Target target) {
                    log, "compiling " + source + " with nvcc"))
       return false;
     std::string cudaLib = FASTLLM_CUDA_LIBRARY_DIR;
+    // The runtime and its target library call each other: one group.
     link.insert(link.end(),
-                {object, lib + "/libfastllm_rt_main.a", lib + "/libfastllm_rt.a",
-                 lib + "/libfastllm_rt_cuda.a",
-                 lib + "/libfastllm_cuda_kernels.a", "-L" + cudaLib,
-                 "-Wl,-rpath," + cudaLib, "-lcublas", "-lcublasLt",
-                 "-lcudart"});
+                {object, "-Wl,--start-group", lib + "/libfastllm_rt_main.a",
+                 lib + "/libfastllm_rt.a", lib + "/libfastllm_rt_cuda.a",
+                 lib + "/libfastllm_cuda_kernels.a", "-Wl,--end-group",
+                 "-L" + cudaLib,
+                 "-Wl,-rpath," + cudaLib, "-lnccl", "-lcublas",
+                 "-lcublasLt", "-lcudart"});
   } else {
     link.insert(link.end(),
                 {"-std=c++17", "-O3", "-march=native",
                  "-mprefer-vector-width=512", "-I" FASTLLM_SOURCE_DIR, source,
-                 lib + "/libfastllm_rt_main.a", lib + "/libfastllm_rt.a",
-                 lib + "/libfastllm_rt_cpu.a", lib + "/libfastllm_cpu_kernels.a",
+                 "-Wl,--start-group", lib + "/libfastllm_rt_main.a",
+                 lib + "/libfastllm_rt.a", lib + "/libfastllm_rt_cpu.a",
+                 lib + "/libfastllm_cpu_kernels.a", "-Wl,--end-group",
                  "-lopenblas"});
   }
   link.insert(link.end(), {"-lmpi", "-lm", "-o", binary});

@@ -22,3 +22,35 @@ Expected<Arena> fastllm::rt::allocateArena(int64_t bytes) {
 }
 
 void fastllm::rt::synchronizeDevice() {}
+
+Expected<std::unique_ptr<ShardComm>>
+fastllm::rt::createShardComm(Communicator &comm, double) {
+  return createMpiShardComm(comm); // MPI's own timeout covers it
+}
+
+void fastllm::rt::deviceFill(float *out, int64_t n, float value) {
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = value;
+}
+
+void fastllm::rt::deviceCopy(float *out, const float *in, int64_t n) {
+  if (out != in)
+    std::memcpy(out, in, n * sizeof(float));
+}
+
+void fastllm::rt::deviceScale(float *out, const float *in, int64_t n,
+                              float scale) {
+  if (scale == 1.0f)
+    return deviceCopy(out, in, n);
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = in[i] * scale;
+}
+
+void fastllm::rt::deviceAddScaled(float *out, const float *in, int64_t n,
+                                  float scale) {
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i)
+    out[i] += in[i] * scale;
+}

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -61,4 +62,57 @@ void fastllm::rt::synchronizeDevice() {
                  cudaGetErrorString(err));
     std::abort();
   }
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise work on the arena, on the step's stream
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+constexpr int kThreads = 256;
+
+int blocksFor(int64_t n) {
+  return int(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8));
+}
+
+/// out[i] = in[i] * scale, or out[i] += in[i] * scale when `accumulate`;
+/// grid-stride over n elements.
+__global__ void scaleKernel(float *out, const float *in, int64_t n, float scale,
+                            bool accumulate) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    // __fmul_rn / __fadd_rn: no fused multiply-add, as on the CPU.
+    float x = __fmul_rn(in[i], scale);
+    out[i] = accumulate ? __fadd_rn(out[i], x) : x;
+  }
+}
+
+} // namespace
+
+void fastllm::rt::deviceFill(float *out, int64_t n, float value) {
+  cuda::fill(out, n, value);
+}
+
+void fastllm::rt::deviceCopy(float *out, const float *in, int64_t n) {
+  if (out != in)
+    cuda::copy(out, in, n);
+}
+
+void fastllm::rt::deviceScale(float *out, const float *in, int64_t n,
+                              float scale) {
+  if (scale == 1.0f)
+    return deviceCopy(out, in, n);
+  if (n > 0)
+    scaleKernel<<<blocksFor(n), kThreads, 0, cuda::stream()>>>(out, in, n,
+                                                               scale, false);
+  FASTLLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void fastllm::rt::deviceAddScaled(float *out, const float *in, int64_t n,
+                                  float scale) {
+  if (n > 0)
+    scaleKernel<<<blocksFor(n), kThreads, 0, cuda::stream()>>>(out, in, n,
+                                                               scale, true);
+  FASTLLM_CUDA_CHECK(cudaGetLastError());
 }

@@ -181,7 +181,7 @@ TEST(Fingerprint, CoversThePlansIdentifyingFields) {
   changed.dataParallel = 2;
   EXPECT_EQ(*firstDifference(f, planFingerprint(changed)),
             "dp is 1 in the checkpoint but 2 now");
-  StageInfo stages[2] = {{0, 64}, {64, 96}};
+  StageInfo stages[2] = {{0, 64, -1, -1}, {64, 96, -1, -1}};
   changed = plan;
   changed.stages = stages;
   EXPECT_EQ(*firstDifference(f, planFingerprint(changed)),

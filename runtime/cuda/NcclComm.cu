@@ -1,0 +1,227 @@
+//===- NcclComm.cu - ZeRO's collectives over NCCL, with a watchdog --------===//
+//
+// One NCCL communicator per job, bootstrapped through MPI (rank 0's unique
+// id broadcast), created non-blocking. Collectives run on a communication
+// stream of their own: each starts after the compute stream's work so far
+// (an event) and records a completion event; a wait orders the compute stream
+// after that event without blocking the host, so the step's kernels and the
+// collectives overlap as the compiler scheduled them.
+//
+// A watchdog thread polls every collective in flight. When one outlives the
+// timeout, or NCCL reports an asynchronous error (a peer died), it prints
+// `train: error: rank R: step S: <collective> ...`, aborts the communicator
+// (ncclCommAbort) and ends the process with exit code 1; mpirun then ends
+// the job.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/Device.h"
+#include "runtime/cuda/Kernels.cuh"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
+
+using namespace fastllm::rt;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Waits for a non-blocking NCCL call to leave ncclInProgress.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t result) {
+  while (result == ncclInProgress)
+    ncclCommGetAsyncError(comm, &result);
+  return result;
+}
+
+class NcclShardComm final : public ShardComm {
+public:
+  static Expected<std::unique_ptr<ShardComm>> create(Communicator &mpi,
+                                                     double timeoutSeconds);
+  ~NcclShardComm() override;
+
+  int32_t startAllGather(const float *shard, float *full, int64_t n) override;
+  int32_t startReduceScatter(const float *in, float *out, int64_t n) override;
+  void wait(int32_t request) override;
+
+private:
+  NcclShardComm(Communicator &mpi, double timeout) : mpi(mpi), timeout(timeout) {}
+
+  /// What the watchdog watches.
+  struct InFlight {
+    cudaEvent_t done;
+    Clock::time_point started;
+    const char *what;
+    int64_t step;
+  };
+
+  /// The compute stream's work so far, then `launch` on the communication
+  /// stream; returns the request.
+  template <typename Launch>
+  int32_t start(const char *what, Launch launch);
+  void watch();
+  [[noreturn]] void fail(const char *what, int64_t step, const char *why);
+
+  Communicator &mpi;
+  const double timeout;
+  ncclComm_t comm = nullptr;
+  cudaStream_t commStream = nullptr;
+  std::mutex lock;
+  std::map<int32_t, InFlight> inFlight;
+  int32_t nextRequest = 0;
+  std::atomic<bool> stopping{false};
+  std::condition_variable wake;
+  std::thread watchdog;
+};
+
+Expected<std::unique_ptr<ShardComm>>
+NcclShardComm::create(Communicator &mpi, double timeoutSeconds) {
+  std::unique_ptr<NcclShardComm> self(new NcclShardComm(mpi, timeoutSeconds));
+  ncclUniqueId id;
+  if (mpi.rank() == 0) {
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess)
+      return errorf("NCCL: cannot create the job's unique id: %s",
+                    ncclGetErrorString(r));
+  }
+  mpi.broadcast(&id, sizeof(id), 0);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r = ncclCommInitRankConfig(&self->comm, mpi.size(), id,
+                                          mpi.rank(), &config);
+  if ((r = settle(self->comm, r)) != ncclSuccess)
+    return errorf("NCCL: cannot join the communicator as rank %d of %d: %s",
+                  mpi.rank(), mpi.size(), ncclGetErrorString(r));
+  cudaError_t err =
+      cudaStreamCreateWithFlags(&self->commStream, cudaStreamNonBlocking);
+  if (err != cudaSuccess)
+    return errorf("cannot create the communication stream: %s",
+                  cudaGetErrorString(err));
+  self->watchdog = std::thread([s = self.get()] { s->watch(); });
+  return std::unique_ptr<ShardComm>(std::move(self));
+}
+
+NcclShardComm::~NcclShardComm() {
+  stopping = true;
+  wake.notify_all();
+  if (watchdog.joinable())
+    watchdog.join();
+  if (commStream)
+    cudaStreamSynchronize(commStream);
+  for (auto &[id, op] : inFlight)
+    cudaEventDestroy(op.done);
+  if (comm)
+    ncclCommDestroy(comm);
+  if (commStream)
+    cudaStreamDestroy(commStream);
+}
+
+template <typename Launch>
+int32_t NcclShardComm::start(const char *what, Launch launch) {
+  cudaEvent_t ready, done;
+  FASTLLM_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  FASTLLM_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  FASTLLM_CUDA_CHECK(cudaEventRecord(ready, cuda::stream()));
+  FASTLLM_CUDA_CHECK(cudaStreamWaitEvent(commStream, ready, 0));
+  FASTLLM_CUDA_CHECK(cudaEventDestroy(ready)); // freed once it completes
+  ncclResult_t r = settle(comm, launch());
+  if (r != ncclSuccess)
+    fail(what, mpi.step(), ncclGetErrorString(r));
+  FASTLLM_CUDA_CHECK(cudaEventRecord(done, commStream));
+  std::lock_guard<std::mutex> guard(lock);
+  int32_t id = nextRequest++;
+  inFlight[id] = {done, Clock::now(), what, mpi.step()};
+  return id;
+}
+
+int32_t NcclShardComm::startAllGather(const float *shard, float *full,
+                                      int64_t n) {
+  mpi.mutableBytes().allGather += mpi.size() * n * int64_t(sizeof(float));
+  return start("all-gather", [&] {
+    return ncclAllGather(shard, full, size_t(n), ncclFloat, comm, commStream);
+  });
+}
+
+int32_t NcclShardComm::startReduceScatter(const float *in, float *out,
+                                          int64_t n) {
+  mpi.mutableBytes().reduceScatter += mpi.size() * n * int64_t(sizeof(float));
+  return start("reduce-scatter", [&]() -> ncclResult_t {
+    if (in != out)
+      return ncclReduceScatter(in, out, size_t(n), ncclFloat, ncclSum, comm,
+                               commStream);
+    // NCCL's in place leaves rank r's part at r * n; ShardComm's contract
+    // is the buffer's start.
+    float *part = out + int64_t(mpi.rank()) * n;
+    ncclResult_t r = ncclReduceScatter(in, part, size_t(n), ncclFloat,
+                                       ncclSum, comm, commStream);
+    if (r == ncclSuccess && part != out)
+      FASTLLM_CUDA_CHECK(cudaMemcpyAsync(out, part, size_t(n) * sizeof(float),
+                                         cudaMemcpyDeviceToDevice, commStream));
+    return r;
+  });
+}
+
+void NcclShardComm::wait(int32_t request) {
+  std::lock_guard<std::mutex> guard(lock);
+  auto it = inFlight.find(request);
+  if (it != inFlight.end()) // else it finished and the watchdog retired it
+    FASTLLM_CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(), it->second.done, 0));
+}
+
+void NcclShardComm::watch() {
+  std::unique_lock<std::mutex> guard(lock);
+  while (!stopping) {
+    wake.wait_for(guard, std::chrono::milliseconds(100));
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      const InFlight *op = inFlight.empty() ? nullptr : &inFlight.begin()->second;
+      fail(op ? op->what : "a collective", op ? op->step : mpi.step(),
+           ncclGetErrorString(async));
+    }
+    for (auto it = inFlight.begin(); it != inFlight.end();) {
+      if (cudaEventQuery(it->second.done) == cudaSuccess) {
+        cudaEventDestroy(it->second.done);
+        it = inFlight.erase(it);
+        continue;
+      }
+      double waited =
+          std::chrono::duration<double>(Clock::now() - it->second.started)
+              .count();
+      if (waited > timeout) {
+        char why[96];
+        std::snprintf(why, sizeof(why),
+                      "timed out after %g s (a peer rank may have died)",
+                      timeout);
+        fail(it->second.what, it->second.step, why);
+      }
+      ++it;
+    }
+  }
+}
+
+void NcclShardComm::fail(const char *what, int64_t step, const char *why) {
+  std::fprintf(stderr, "train: error: rank %d: step %lld: %s %s\n",
+               mpi.rank(), (long long)step, what, why);
+  std::fflush(stderr);
+  ncclCommAbort(comm);
+  std::_Exit(1); // mpirun ends the other ranks
+}
+
+} // namespace
+
+Expected<std::unique_ptr<ShardComm>>
+fastllm::rt::createShardComm(Communicator &comm, double timeoutSeconds) {
+  if (comm.size() == 1) // one rank moves shards with local copies only
+    return createMpiShardComm(comm);
+  return NcclShardComm::create(comm, timeoutSeconds);
+}
