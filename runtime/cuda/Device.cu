@@ -29,6 +29,14 @@ Status fastllm::rt::initDevice(int localRank) {
   if ((err = cudaSetDevice(localRank % count)) != cudaSuccess)
     return errorf("cannot use GPU %d: %s", localRank % count,
                   cudaGetErrorString(err));
+  // The compute stream: the step's kernels and the runtime's device work,
+  // in order; NCCL's communication stream waits on it through events.
+  cudaStream_t compute = nullptr;
+  if ((err = cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking)) !=
+      cudaSuccess)
+    return errorf("cannot create the compute stream: %s",
+                  cudaGetErrorString(err));
+  cuda::setStream(compute);
   return Status();
 }
 
@@ -40,6 +48,14 @@ Expected<Arena> fastllm::rt::allocateArena(int64_t bytes) {
   cudaError_t err = cudaMemGetInfo(&freeBefore, &total);
   if (err == cudaSuccess)
     err = cudaMallocManaged(&data, size_t(bytes));
+  // Resident on this GPU: the host's reads and writes between steps are
+  // small (tokens, the loss) or rare (checkpoints).
+  int device = 0;
+  if (err == cudaSuccess)
+    err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaMemAdvise(data, size_t(bytes), cudaMemAdviseSetPreferredLocation,
+                        cudaMemLocation{cudaMemLocationTypeDevice, device});
   if (err == cudaSuccess)
     err = cudaMemset(data, 0, size_t(bytes));
   if (err == cudaSuccess)
