@@ -10,6 +10,7 @@
 #ifndef FASTLLM_RUNTIME_DEVICE_H
 #define FASTLLM_RUNTIME_DEVICE_H
 
+#include "runtime/Optimizer.h"
 #include "runtime/ShardComm.h"
 #include "runtime/Status.h"
 
@@ -55,6 +56,15 @@ void deviceCopy(float *out, const float *in, int64_t n);
 void deviceScale(float *out, const float *in, int64_t n, float scale);
 /// out[i] += in[i] * scale.
 void deviceAddScaled(float *out, const float *in, int64_t n, float scale);
+
+/// The optimizer's loops over this rank's shard, where the shard lives (the
+/// CPU runs AdamW's own; CUDA runs the same per-element arithmetic,
+/// adamwUpdate, in kernels over AdamW::pieces()).
+double deviceSumOfSquares(const AdamW &opt, const float *gradShard);
+void deviceClipGradients(const AdamW &opt, float *gradShard, double totalNorm,
+                         double maxNorm);
+void deviceAdamWStep(const AdamW &opt, float *master, const float *gradShard,
+                     float *m, float *v, double lr, int64_t t);
 
 } // namespace fastllm::rt
 

@@ -64,12 +64,17 @@ double AdamW::gradNorm(const float *grads) const {
   return std::sqrt(sumOfSquares(grads));
 }
 
-void AdamW::clipGradients(float *grads, double totalNorm,
-                          double maxNorm) const {
+float AdamW::clipCoefficient(double totalNorm, double maxNorm) {
   // torch computes `max_norm / (total_norm + 1e-6)` on an fp32 tensor, and
   // Tensor.__rtruediv__ is reciprocal() * other.
   float coef = (1.0f / (float(totalNorm) + 1e-6f)) * float(maxNorm);
-  if (!(coef < 1.0f))
+  return coef < 1.0f ? coef : 1.0f;
+}
+
+void AdamW::clipGradients(float *grads, double totalNorm,
+                          double maxNorm) const {
+  float coef = clipCoefficient(totalNorm, maxNorm);
+  if (coef == 1.0f)
     return;
   int64_t n = chunks.size();
 #pragma omp parallel for schedule(dynamic)
@@ -78,46 +83,34 @@ void AdamW::clipGradients(float *grads, double totalNorm,
       grads[j] *= coef;
 }
 
-void AdamW::step(float *master, const float *grads, float *m, float *v,
-                 double lr, int64_t t) const {
+AdamWScalars AdamW::scalarsAt(double lr, int64_t t) const {
   // Scalars in double, as torch/optim/adamw.py computes them in Python...
   double biasCorrection1 = 1 - std::pow(config.beta1, double(t));
   double biasCorrection2 = 1 - std::pow(config.beta2, double(t));
   double stepSize = lr / biasCorrection1;
   // ...then rounded to float, as ATen's fp32 kernels take a Python scalar.
-  const float decay = float(1 - lr * config.weightDecay);
-  const float lerpWeight = float(1 - config.beta1);
-  const bool smallWeight = std::abs(lerpWeight) < 0.5f;
-  const float beta2 = float(config.beta2);
-  const float oneMinusBeta2 = float(1 - config.beta2);
-  const float correction2Sqrt = float(std::sqrt(biasCorrection2));
-  const float eps = float(config.eps);
-  const float negStepSize = float(-stepSize);
-  const bool anyDecay = config.weightDecay != 0;
+  AdamWScalars s;
+  s.decay = float(1 - lr * config.weightDecay);
+  s.lerpWeight = float(1 - config.beta1);
+  s.smallWeight = std::abs(s.lerpWeight) < 0.5f;
+  s.beta2 = float(config.beta2);
+  s.oneMinusBeta2 = float(1 - config.beta2);
+  s.correction2Sqrt = float(std::sqrt(biasCorrection2));
+  s.eps = float(config.eps);
+  s.negStepSize = float(-stepSize);
+  s.anyDecay = config.weightDecay != 0;
+  return s;
+}
 
+void AdamW::step(float *master, const float *grads, float *m, float *v,
+                 double lr, int64_t t) const {
+  const AdamWScalars s = scalarsAt(lr, t);
   int64_t n = chunks.size();
 #pragma omp parallel for schedule(dynamic)
   for (int64_t c = 0; c < n; ++c) {
     const Chunk &chunk = chunks[c];
-    const bool decays = anyDecay && chunk.decay;
-    for (int64_t j = chunk.begin; j < chunk.end; ++j) {
-      float g = grads[j];
-      // param.mul_(1 - lr * weight_decay)
-      float p = decays ? master[j] * decay : master[j];
-      // exp_avg.lerp_(grad, 1 - beta1), in ATen's two-sided lerp form.
-      float mj = m[j];
-      mj = smallWeight ? mj + lerpWeight * (g - mj)
-                       : g - (g - mj) * (1.0f - lerpWeight);
-      // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-      float vj = v[j] * beta2;
-      vj = vj + oneMinusBeta2 * g * g;
-      // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-      float denom = std::sqrt(vj) / correction2Sqrt + eps;
-      // param.addcdiv_(exp_avg, denom, value=-step_size)
-      master[j] = p + negStepSize * mj / denom;
-      m[j] = mj;
-      v[j] = vj;
-    }
+    for (int64_t j = chunk.begin; j < chunk.end; ++j)
+      adamwUpdate(s, chunk.decay, grads[j], master[j], m[j], v[j]);
   }
 }
 

@@ -24,8 +24,18 @@
 
 #include "runtime/ModelABI.h"
 
+#include <cmath>
+
 #include <cstdint>
 #include <vector>
+
+// The update is one function for both targets: nvcc compiles it for the
+// device too.
+#ifdef __CUDACC__
+#define FASTLLM_HOST_DEVICE __host__ __device__
+#else
+#define FASTLLM_HOST_DEVICE
+#endif
 
 namespace fastllm::rt {
 
@@ -36,6 +46,35 @@ struct AdamWConfig {
   /// Applied only to trainable parameters with ParamInfo::weightDecay set.
   double weightDecay = 0.1;
 };
+
+/// The fp32 scalars of one AdamW step, prepared as PyTorch prepares them.
+struct AdamWScalars {
+  float decay, lerpWeight, beta2, oneMinusBeta2, correction2Sqrt, eps,
+      negStepSize;
+  bool smallWeight, anyDecay;
+};
+
+/// torch.optim.AdamW's fp32 update of one element (master weight p, moments
+/// m and v, gradient g), operation by operation.
+FASTLLM_HOST_DEVICE inline void adamwUpdate(const AdamWScalars &s, bool decays,
+                                            float g, float &p, float &m,
+                                            float &v) {
+  // param.mul_(1 - lr * weight_decay)
+  float pj = decays && s.anyDecay ? p * s.decay : p;
+  // exp_avg.lerp_(grad, 1 - beta1), in ATen's two-sided lerp form.
+  float mj = m;
+  mj = s.smallWeight ? mj + s.lerpWeight * (g - mj)
+                     : g - (g - mj) * (1.0f - s.lerpWeight);
+  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+  float vj = v * s.beta2;
+  vj = vj + s.oneMinusBeta2 * g * g;
+  // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+  float denom = sqrtf(vj) / s.correction2Sqrt + s.eps;
+  // param.addcdiv_(exp_avg, denom, value=-step_size)
+  p = pj + s.negStepSize * mj / denom;
+  m = mj;
+  v = vj;
+}
 
 class AdamW {
 public:
@@ -64,12 +103,21 @@ public:
   /// Trainable elements in this rank's shard.
   int64_t trainableElements() const;
 
-private:
   /// A piece of one trainable parameter, in elements of the shard arrays.
   struct Chunk {
     int64_t begin, end;
     bool decay;
   };
+  /// The pieces, in the plan's parameter order (for device versions of the
+  /// loops above).
+  const std::vector<Chunk> &pieces() const { return chunks; }
+  /// The scalars of step t (1-based) at learning rate lr.
+  AdamWScalars scalarsAt(double lr, int64_t t) const;
+  /// clip_grad_norm_'s factor for the global norm, or 1 when it does not
+  /// clip.
+  static float clipCoefficient(double totalNorm, double maxNorm);
+
+private:
   std::vector<Chunk> chunks;
   AdamWConfig config;
 };

@@ -503,7 +503,6 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                     std::isnan(loss) ? "NaN" : "infinite", (long long)(s + 1));
     if (plan.zeroStage == 1)
       zero.reduceScatterGrads(gradScale);
-    synchronizeDevice(); // the optimizer reads the shard on the host
     // The dump's gather is a diagnostic, not part of the step's traffic.
     int64_t dumpGatherBytes = 0;
     if (s == 0 && !opts.dumpGradsPath.empty()) {
@@ -517,14 +516,14 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
             !st.ok())
           return st;
     }
-    double sumOfSquares = adamw.sumOfSquares(gradShard);
+    double sumOfSquares = deviceSumOfSquares(adamw, gradShard);
     if (dp > 1)
       comm.allReduceSumOrdered(&sumOfSquares, &sumOfSquares, 1);
     double gradNorm = std::sqrt(sumOfSquares);
     if (opts.clipGradNorm > 0)
-      adamw.clipGradients(gradShard, gradNorm, opts.clipGradNorm);
+      deviceClipGradients(adamw, gradShard, gradNorm, opts.clipGradNorm);
     double lr = schedule.at(s);
-    adamw.step(master, gradShard, adamM, adamV, lr, ++optimizerStep);
+    deviceAdamWStep(adamw, master, gradShard, adamM, adamV, lr, ++optimizerStep);
     if (params) // ZeRO-3 gathers in the next step, stage by stage
       zero.gather(master, params);
     // Host code (the next micro-batch's tokens, a checkpoint) comes next.

@@ -54,3 +54,19 @@ void fastllm::rt::deviceAddScaled(float *out, const float *in, int64_t n,
   for (int64_t i = 0; i < n; ++i)
     out[i] += in[i] * scale;
 }
+
+double fastllm::rt::deviceSumOfSquares(const AdamW &opt,
+                                       const float *gradShard) {
+  return opt.sumOfSquares(gradShard);
+}
+
+void fastllm::rt::deviceClipGradients(const AdamW &opt, float *gradShard,
+                                      double totalNorm, double maxNorm) {
+  opt.clipGradients(gradShard, totalNorm, maxNorm);
+}
+
+void fastllm::rt::deviceAdamWStep(const AdamW &opt, float *master,
+                                  const float *gradShard, float *m, float *v,
+                                  double lr, int64_t t) {
+  opt.step(master, gradShard, m, v, lr, t);
+}

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 using namespace fastllm::rt;
 
@@ -130,5 +131,120 @@ void fastllm::rt::deviceAddScaled(float *out, const float *in, int64_t n,
   if (n > 0)
     scaleKernel<<<blocksFor(n), kThreads, 0, cuda::stream()>>>(out, in, n,
                                                                scale, true);
+  FASTLLM_CUDA_CHECK(cudaGetLastError());
+}
+
+//===----------------------------------------------------------------------===//
+// The optimizer over this rank's shard: one block per piece of AdamW
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// AdamW::pieces() on the device, uploaded once per optimizer.
+struct DevicePieces {
+  const AdamW *owner = nullptr;
+  AdamW::Chunk *chunks = nullptr;
+  double *partials = nullptr; ///< one sum of squares per piece
+  int64_t count = 0;
+};
+
+const DevicePieces &piecesOf(const AdamW &opt) {
+  static DevicePieces cached;
+  if (cached.owner == &opt)
+    return cached;
+  if (cached.chunks) {
+    FASTLLM_CUDA_CHECK(cudaFree(cached.chunks));
+    FASTLLM_CUDA_CHECK(cudaFree(cached.partials));
+  }
+  const std::vector<AdamW::Chunk> &host = opt.pieces();
+  cached = {&opt, nullptr, nullptr, int64_t(host.size())};
+  size_t n = std::max<size_t>(host.size(), 1);
+  FASTLLM_CUDA_CHECK(cudaMalloc(&cached.chunks, n * sizeof(AdamW::Chunk)));
+  FASTLLM_CUDA_CHECK(cudaMalloc(&cached.partials, n * sizeof(double)));
+  FASTLLM_CUDA_CHECK(cudaMemcpy(cached.chunks, host.data(),
+                                host.size() * sizeof(AdamW::Chunk),
+                                cudaMemcpyHostToDevice));
+  return cached;
+}
+
+/// partials[c] = the sum of grads[j]^2 over piece c, in double.
+__global__ void sumOfSquaresKernel(const float *grads,
+                                   const AdamW::Chunk *chunks,
+                                   double *partials) {
+  __shared__ double warpSums[kThreads / 32];
+  const AdamW::Chunk c = chunks[blockIdx.x];
+  double sum = 0;
+  for (int64_t j = c.begin + threadIdx.x; j < c.end; j += blockDim.x)
+    sum += double(grads[j]) * grads[j];
+  for (int offset = 16; offset > 0; offset /= 2)
+    sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  if (threadIdx.x % 32 == 0)
+    warpSums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int w = 0; w < kThreads / 32; ++w)
+      total += warpSums[w];
+    partials[blockIdx.x] = total;
+  }
+}
+
+__global__ void clipKernel(float *grads, const AdamW::Chunk *chunks,
+                           float coef) {
+  const AdamW::Chunk c = chunks[blockIdx.x];
+  for (int64_t j = c.begin + threadIdx.x; j < c.end; j += blockDim.x)
+    grads[j] = __fmul_rn(grads[j], coef);
+}
+
+__global__ void adamwKernel(float *master, const float *grads, float *m,
+                            float *v, const AdamW::Chunk *chunks,
+                            AdamWScalars s) {
+  const AdamW::Chunk c = chunks[blockIdx.x];
+  for (int64_t j = c.begin + threadIdx.x; j < c.end; j += blockDim.x)
+    adamwUpdate(s, c.decay, grads[j], master[j], m[j], v[j]);
+}
+
+} // namespace
+
+double fastllm::rt::deviceSumOfSquares(const AdamW &opt,
+                                       const float *gradShard) {
+  const DevicePieces &p = piecesOf(opt);
+  if (!p.count)
+    return 0;
+  sumOfSquaresKernel<<<unsigned(p.count), kThreads, 0, cuda::stream()>>>(
+      gradShard, p.chunks, p.partials);
+  FASTLLM_CUDA_CHECK(cudaGetLastError());
+  // Added on the host in piece order, as the CPU does: the result does not
+  // depend on timing.
+  std::vector<double> partials(p.count);
+  FASTLLM_CUDA_CHECK(cudaMemcpyAsync(partials.data(), p.partials,
+                                     p.count * sizeof(double),
+                                     cudaMemcpyDeviceToHost, cuda::stream()));
+  FASTLLM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+  double total = 0;
+  for (double s : partials)
+    total += s;
+  return total;
+}
+
+void fastllm::rt::deviceClipGradients(const AdamW &opt, float *gradShard,
+                                      double totalNorm, double maxNorm) {
+  float coef = AdamW::clipCoefficient(totalNorm, maxNorm);
+  const DevicePieces &p = piecesOf(opt);
+  if (coef == 1.0f || !p.count)
+    return;
+  clipKernel<<<unsigned(p.count), kThreads, 0, cuda::stream()>>>(
+      gradShard, p.chunks, coef);
+  FASTLLM_CUDA_CHECK(cudaGetLastError());
+}
+
+void fastllm::rt::deviceAdamWStep(const AdamW &opt, float *master,
+                                  const float *gradShard, float *m, float *v,
+                                  double lr, int64_t t) {
+  const DevicePieces &p = piecesOf(opt);
+  if (!p.count)
+    return;
+  adamwKernel<<<unsigned(p.count), kThreads, 0, cuda::stream()>>>(
+      master, gradShard, m, v, p.chunks, opt.scalarsAt(lr, t));
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
