@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""GPT-2 124M training throughput on one GPU: fastllm-opt vs PyTorch.
+
+Exports GPT-2 124M (12 layers, d 768, 12 heads, seq 1024, vocab padded to
+50304) with test/models/export_models.py, compiles it with
+`fastllm-opt compile --target cuda` and trains --steps steps on a token file;
+then trains the same PyTorch model on the same GPU in this process, eager and
+with torch.compile (when this python has PyTorch with CUDA), and prints one
+line per run:
+
+    tokens/s   median over the steps after --warmup
+    MFU        tokens/s * (6 N + 12 L d T) / 989e12, for N parameters, L
+               layers, width d, sequence T (the PaLM estimate: 6N per token
+               for the dense weights, 12 L d T for attention's two batched
+               matmuls forward and backward), against the H100 SXM's dense
+               BF16 peak of 989 TFLOP/s
+    memory     fastllm: the arena the plan sized (metrics mem_bytes, measured
+               as the drop in free GPU memory); PyTorch:
+               torch.cuda.max_memory_allocated
+
+    /usr/bin/python3 bench/gpu_bench.py [--batch 8] [--steps 30] [--warmup 10]
+
+It needs a GPU (nvidia-smi must list one) and says so otherwise. The CUDA
+target computes in fp32 for now (bf16 is not implemented yet), so the PyTorch
+runs are fp32 too unless --torch-bf16 asks for autocast.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "test", "models"))
+import export_models  # noqa: E402
+
+PEAK_FLOPS = 989e12
+LAYERS, D, HEADS, SEQ, VOCAB = 12, 768, 12, 1024, 50304
+
+
+def flops_per_token(n_params):
+    return 6 * n_params + 12 * LAYERS * D * SEQ
+
+
+def report(name, tokens_per_s, n_params, mem_bytes):
+    mfu = tokens_per_s * flops_per_token(n_params) / PEAK_FLOPS
+    print(f"{name:28s} {tokens_per_s:12.0f} tok/s   MFU {100 * mfu:5.1f} %   "
+          f"memory {mem_bytes / 2**30:6.2f} GiB", flush=True)
+
+
+def torch_run(cfg, batch, steps, warmup, compiled, bf16):
+    import torch
+    torch.manual_seed(0)
+    model = export_models.build_model(cfg).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95),
+                            weight_decay=0.1)
+    step_fn = torch.compile(model) if compiled else model
+    x = torch.randint(0, VOCAB, (batch, SEQ), device="cuda")
+    y = torch.randint(0, VOCAB, (batch, SEQ), device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for s in range(steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = step_fn(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        if s >= warmup:
+            times.append(time.perf_counter() - start)
+    n_params = sum(p.numel() for p in model.parameters())
+    return batch * SEQ / statistics.median(times), n_params, \
+        torch.cuda.max_memory_allocated()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tool", default=os.path.join(ROOT, "build", "bin", "fastllm-opt"))
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--torch-bf16", action="store_true")
+    args = ap.parse_args()
+    try:
+        gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    except OSError:
+        gpus = ""
+    if "GPU" not in gpus:
+        print("gpu_bench: needs a GPU (nvidia-smi lists none); nothing measured")
+        sys.exit(1)
+    print(gpus.strip().splitlines()[0])
+
+    work = tempfile.mkdtemp(prefix="gpu-bench-")
+    onnx_path = os.path.join(work, "gpt2-124m.onnx")
+    argv = ["--model", "gpt2", "--out", onnx_path, "--fold", "on", "--layers", str(LAYERS),
+            "--d-model", str(D), "--heads", str(HEADS), "--vocab", str(VOCAB),
+            "--seq", str(SEQ)]
+    cfg = export_models.parse_args(argv)
+    export_models.main(argv)
+    out = os.path.join(work, "run")
+    subprocess.run([args.tool, "compile", onnx_path, "-o", out, "--target", "cuda",
+                    "--batch-size", str(args.batch), "--seq-len", str(SEQ)], check=True)
+    plan = json.load(open(os.path.join(out, "plan.json")))
+    n_params = sum(math.prod(p["shape"]) for p in plan["params"])
+    import array
+    import random
+    rng = random.Random(0)
+    data = os.path.join(work, "tokens.u16")
+    array.array("H", (rng.randrange(VOCAB) for _ in range(4 * 1024 * 1024))).tofile(
+        open(data, "wb"))
+    metrics = os.path.join(out, "metrics.jsonl")
+    subprocess.run([os.path.join(out, "train"), "--data", data, "--steps", str(args.steps),
+                    "--lr", "3e-4", "--metrics", metrics], check=True)
+    lines = [json.loads(line) for line in open(metrics)][args.warmup:]
+    step_s = statistics.median(line["step_ms"] for line in lines) / 1e3
+    print(f"GPT-2 124M: {n_params} parameters, batch {args.batch} x seq {SEQ}, "
+          f"FLOPs per token {flops_per_token(n_params):.3e}")
+    report("fastllm-opt (fp32)", args.batch * SEQ / step_s, n_params, lines[0]["mem_bytes"])
+
+    try:
+        import torch
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    if not cuda:
+        print("PyTorch with CUDA is not available to this python: no PyTorch figures")
+        return
+    precision = "bf16 autocast" if args.torch_bf16 else "fp32"
+    for compiled in (False, True):
+        tps, n, mem = torch_run(cfg, args.batch, args.steps, args.warmup, compiled,
+                                args.torch_bf16)
+        report(f"PyTorch {'torch.compile' if compiled else 'eager'} ({precision})", tps, n, mem)
+
+
+if __name__ == "__main__":
+    main()
