@@ -1685,61 +1685,6 @@ void nllLossGrad(float *dinput, const Idx *targets, const float *dloss,
 // Explicit instantiations
 //===----------------------------------------------------------------------===//
 
-#define FASTLLM_DATA_MOVEMENT(T)                                               \
-  template void transpose<T>(T *, const T *, int, const int64_t *,             \
-                             const int64_t *);                                 \
-  template void slice<T>(T *, const T *, int, const int64_t *,                 \
-                         const int64_t *, const int64_t *, const int64_t *);   \
-  template void sliceGrad<T>(T *, const T *, int, const int64_t *,             \
-                             const int64_t *, const int64_t *,                 \
-                             const int64_t *);                                 \
-  template void concat<T>(T *, int, const T *const *, const int64_t *,         \
-                          int64_t, int64_t);                                   \
-  template void gather<T, int32_t>(T *, const T *, const int32_t *, int64_t,   \
-                                   int64_t, int64_t, int64_t);                 \
-  template void gather<T, int64_t>(T *, const T *, const int64_t *, int64_t,   \
-                                   int64_t, int64_t, int64_t);
-FASTLLM_DATA_MOVEMENT(float)
-FASTLLM_DATA_MOVEMENT(double)
-FASTLLM_DATA_MOVEMENT(bool)
-FASTLLM_DATA_MOVEMENT(int8_t)
-FASTLLM_DATA_MOVEMENT(uint8_t)
-FASTLLM_DATA_MOVEMENT(int16_t)
-FASTLLM_DATA_MOVEMENT(uint16_t)
-FASTLLM_DATA_MOVEMENT(int32_t)
-FASTLLM_DATA_MOVEMENT(int64_t)
-#undef FASTLLM_DATA_MOVEMENT
-
-#define FASTLLM_GATHER_GRAD(T)                                                 \
-  template void gatherGrad<T, int32_t>(T *, const T *, const int32_t *,        \
-                                       int64_t, int64_t, int64_t, int64_t);    \
-  template void gatherGrad<T, int64_t>(T *, const T *, const int64_t *,        \
-                                       int64_t, int64_t, int64_t, int64_t);
-FASTLLM_GATHER_GRAD(float)
-FASTLLM_GATHER_GRAD(double)
-#undef FASTLLM_GATHER_GRAD
-
-template void reduce<float>(float *, const float *, int, const int64_t *,
-                            const bool *, ReduceKind);
-template void reduce<double>(double *, const double *, int, const int64_t *,
-                             const bool *, ReduceKind);
-template void reduce<int32_t>(int32_t *, const int32_t *, int, const int64_t *,
-                              const bool *, ReduceKind);
-template void reduce<int64_t>(int64_t *, const int64_t *, int, const int64_t *,
-                              const bool *, ReduceKind);
-
-#define FASTLLM_LOSSES(Idx)                                                    \
-  template void crossEntropy<Idx>(float *, const float *, const Idx *,         \
-                                  int64_t, int64_t, bool, int64_t, Reduction); \
-  template void crossEntropyGrad<Idx>(float *, const float *, const Idx *,     \
-                                      const float *, int64_t, int64_t, bool,   \
-                                      int64_t, Reduction);                     \
-  template void nllLoss<Idx>(float *, const float *, const Idx *, int64_t,     \
-                             int64_t, bool, int64_t, Reduction);               \
-  template void nllLossGrad<Idx>(float *, const Idx *, const float *, int64_t, \
-                                 int64_t, bool, int64_t, Reduction);
-FASTLLM_LOSSES(int32_t)
-FASTLLM_LOSSES(int64_t)
-#undef FASTLLM_LOSSES
+#include "runtime/KernelInstantiations.inc"
 
 } // namespace fastllm::rt::cuda
