@@ -107,6 +107,7 @@ private:
   unsigned counter = 0;
   std::string constants;
   std::string constantPointers; ///< CUDA: the step's pointers to them
+  std::optional<MemoryPlan> plan; ///< the module's, read once
   llvm::StringMap<std::string> functors; ///< expression -> functor name
   std::string functorDefs;
 };
@@ -418,9 +419,8 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
         return success();
       })
       .Case<ClearGradsOp>([&](ClearGradsOp c) {
-        std::optional<MemoryPlan> plan = MemoryPlan::get(module);
-        if (!plan || c.getSlot() >= int64_t(plan->gradSlotOffsets.size()) ||
-            c.getStage() >= plan->numStages())
+        if (int64_t(c.getSlot()) >= int64_t(plan->gradSlotOffsets.size()) ||
+            int64_t(c.getStage()) >= plan->numStages())
           return c.emitOpError("names a slot or stage the plan does not have"),
                  failure();
         os << "  fill(reinterpret_cast<float *>(arena + "
@@ -743,7 +743,7 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
 }
 
 LogicalResult CpuEmitter::emit() {
-  std::optional<MemoryPlan> plan = MemoryPlan::get(module);
+  plan = MemoryPlan::get(module);
   if (!plan)
     return failure();
   auto step = module.lookupSymbol<func::FuncOp>("train_step");
