@@ -9,8 +9,11 @@ For the GPT-2- and Llama-style exports (constant folding on):
   - on a GPU (nvidia-smi lists one): train 30 steps (`--sampler sequential`,
     AdamW, fp32) with the CUDA binary and with the CPU target's binary of the
     same model and plan; every step's loss must agree within 1e-4
-    (relative). Without a GPU these cases are reported as skipped, with the
-    reason.
+    (relative), and the GPU memory the arena took (the drop in free memory
+    when it was allocated, metrics mem_bytes) must be within 2% of the
+    plan's arena (or the driver's 2 MiB page, for tiny arenas). Without a GPU these cases are reported as skipped, with the
+    reason; the CUDA binary's host side is checked instead (--help, and the
+    message a run gives without a GPU).
 
 Prints PASS/FAIL/SKIP per case and `cuda tests: P passed, F failed, S skipped`.
 """
@@ -55,7 +58,8 @@ def train(binary, data, metrics):
                           capture_output=True, text=True)
     if proc.returncode != 0:
         return None, proc.stderr.strip()[-2000:]
-    return [json.loads(line)["loss"] for line in open(metrics)], ""
+    lines = [json.loads(line) for line in open(metrics)]
+    return [line["loss"] for line in lines], lines[0]["mem_bytes"]
 
 
 def main():
@@ -109,13 +113,17 @@ def main():
         data = os.path.join(work, f"{model}.u16")
         token_data(cfg.vocab).tofile(data)
         cpu, err = train(os.path.join(cpu_dir, "train"), data, os.path.join(cpu_dir, "m.jsonl"))
-        gpu, err2 = train(os.path.join(cuda_dir, "train"), data, os.path.join(cuda_dir, "m.jsonl"))
+        gpu, mem = train(os.path.join(cuda_dir, "train"), data, os.path.join(cuda_dir, "m.jsonl"))
         if cpu is None or gpu is None:
-            report("FAIL", name, err or err2)
+            report("FAIL", name, err if cpu is None else mem)
             continue
         rel = max(abs(a - b) / abs(b) for a, b in zip(gpu, cpu))
-        report("PASS" if rel <= args.rtol and len(gpu) == STEPS else "FAIL", name,
-               f"max rel loss diff {rel:.2e}; loss {cpu[0]:.4f} -> {cpu[-1]:.4f}")
+        arena = json.load(open(os.path.join(cuda_dir, "plan.json")))["memory"]["arena_bytes"]
+        # The driver hands out memory in 2 MiB pages: small arenas round up.
+        mem_ok = abs(mem - arena) <= max(0.02 * arena, 2 * 2**20)
+        report("PASS" if rel <= args.rtol and len(gpu) == STEPS and mem_ok else "FAIL", name,
+               f"max rel loss diff {rel:.2e}; loss {cpu[0]:.4f} -> {cpu[-1]:.4f}; GPU memory "
+               f"{mem} B vs plan {arena} B{'' if mem_ok else ' (more than 2% apart)'}")
     print(f"cuda tests: {passed} passed, {failed} failed, {skipped} skipped")
     sys.exit(1 if failed else 0)
 
