@@ -309,6 +309,11 @@ int fastllm::compileMain(int argc, char **argv) {
       "target",
       cl::desc("cpu, or cuda (CUDA C++ built with nvcc; fp32 for now)"),
       cl::init("cpu"), cl::cat(category));
+  cl::opt<std::string> precision(
+      "precision",
+      cl::desc("Compute precision: fp32 (bf16 mixed precision is not "
+               "implemented yet)"),
+      cl::init("fp32"), cl::cat(category));
   cl::opt<int64_t> dp("dp", cl::desc("Data-parallel ranks (mpirun -np N)"),
                       cl::init(1), cl::cat(category));
   cl::opt<int64_t> zeroStage(
@@ -365,6 +370,14 @@ int fastllm::compileMain(int argc, char **argv) {
   }
   const fastllm::Target emitTarget =
       target == "cuda" ? fastllm::Target::Cuda : fastllm::Target::Cpu;
+  if (precision != "fp32") {
+    compileError() << "--precision " << precision
+                   << (precision == "bf16"
+                           ? " is not implemented yet; use --precision fp32"
+                           : " is not a precision (supported: fp32)")
+                   << "\n";
+    return 1;
+  }
   if (dp < 1) {
     compileError() << "--dp must be at least 1, got " << dp << "\n";
     return 1;

@@ -119,8 +119,10 @@ NcclShardComm::~NcclShardComm() {
     cudaStreamSynchronize(commStream);
   for (auto &[id, op] : inFlight)
     cudaEventDestroy(op.done);
-  if (comm)
+  if (comm) { // a non-blocking communicator finishes its work first
+    settle(comm, ncclCommFinalize(comm));
     ncclCommDestroy(comm);
+  }
   if (commStream)
     cudaStreamDestroy(commStream);
 }
