@@ -118,6 +118,8 @@ FailureOr<std::string> CpuEmitter::cType(Type type, Operation *where) {
     return std::string("float");
   if (type.isF64())
     return std::string("double");
+  if (type.isBF16() && target == Target::Cuda)
+    return std::string("__nv_bfloat16");
   if (type.isInteger(64))
     return std::string("int64_t");
   if (type.isInteger(32))

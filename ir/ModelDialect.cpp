@@ -496,7 +496,10 @@ static LogicalResult verifyLoss(LossOp op) {
     return op.emitOpError("result shape ")
            << shapeStr(result) << " should be "
            << (perElement ? shapeStr(targets) : std::string("[] (a scalar)"));
-  if (failed(verifySameElementType(op, {op.getInput(), op.getResult()})))
+  // The loss is in the input's type, or in f32 (mixed precision: bf16
+  // logits, an fp32 loss).
+  if (!tensorType(op.getResult()).getElementType().isF32() &&
+      failed(verifySameElementType(op, {op.getInput(), op.getResult()})))
     return failure();
   return success();
 }
@@ -519,6 +522,8 @@ static LogicalResult verifyLossGrad(Operation *op, Value input, Value targets,
     return op->emitOpError("loss gradient shape ")
            << shapeStr(g) << " should be "
            << (perElement ? shapeStr(t) : std::string("[] (a scalar)"));
+  if (tensorType(grad).getElementType().isF32()) // an fp32 loss's gradient
+    return success();
   return verifySameElementType(op, {input, grad});
 }
 

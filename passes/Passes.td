@@ -24,6 +24,23 @@ def AutodiffPass : Pass<"fastllm-autodiff", "ModuleOp"> {
   let dependentDialects = ["::mlir::fastllm::model::ModelDialect"];
 }
 
+def MixedPrecisionPass : Pass<"fastllm-mixed-precision", "ModuleOp"> {
+  let summary = "computes @forward in bf16 with fp32 weights, gradients and loss";
+  let description = [{
+    Before autodiff: every float parameter read is cast to bf16; an op with
+    a bf16 operand computes in bf16 (its other float operands are cast);
+    losses read bf16 logits and return fp32; @forward returns fp32. Autodiff
+    then casts each parameter's bf16 gradient back to fp32 before it is
+    accumulated, so gradient buffers, master weights and the optimizer stay
+    fp32 (full-precision gradients).
+  }];
+  let options = [
+    Option<"compute", "compute", "std::string", /*default=*/"\"bf16\"",
+           "The compute type: bf16">,
+  ];
+  let dependentDialects = ["::mlir::fastllm::model::ModelDialect"];
+}
+
 def ZeroLayoutPass : Pass<"fastllm-zero-layout", "ModuleOp"> {
   let summary = "ZeRO step 1: lays out the stages' parameters and assigns buffer slots";
   let description = [{

@@ -16,6 +16,8 @@ void mlir::fastllm::buildCpuTrainingPipeline(
   PartitionStagesPassOptions partition;
   partition.layersPerStage = options.layersPerStage;
   pm.addPass(createPartitionStagesPass(partition));
+  if (options.precision == "bf16")
+    pm.addPass(createMixedPrecisionPass());
   AutodiffPassOptions autodiff;
   autodiff.freeze = options.freeze;
   pm.addPass(createAutodiffPass(autodiff));

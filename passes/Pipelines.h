@@ -31,6 +31,11 @@ struct TrainingPipelineOptions
       *this, "num-grad-buffers",
       llvm::cl::desc("Gradient slots (ZeRO-2/3; -1: the default, 2)"),
       llvm::cl::init(-1)};
+  Option<std::string> precision{
+      *this, "precision",
+      llvm::cl::desc("Compute precision: fp32, or bf16 (fp32 weights, "
+                     "gradients and loss)"),
+      llvm::cl::init("fp32")};
   Option<bool> fullPrecisionGradients{
       *this, "full-precision-gradients",
       llvm::cl::desc("Gradient buffers in fp32 (else the compute dtype)"),

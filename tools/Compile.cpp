@@ -311,8 +311,8 @@ int fastllm::compileMain(int argc, char **argv) {
       cl::init("cpu"), cl::cat(category));
   cl::opt<std::string> precision(
       "precision",
-      cl::desc("Compute precision: fp32 (bf16 mixed precision is not "
-               "implemented yet)"),
+      cl::desc("Compute precision: fp32, or bf16 (--target cuda: bf16 "
+               "compute with fp32 master weights, gradients and loss)"),
       cl::init("fp32"), cl::cat(category));
   cl::opt<int64_t> dp("dp", cl::desc("Data-parallel ranks (mpirun -np N)"),
                       cl::init(1), cl::cat(category));
@@ -370,12 +370,14 @@ int fastllm::compileMain(int argc, char **argv) {
   }
   const fastllm::Target emitTarget =
       target == "cuda" ? fastllm::Target::Cuda : fastllm::Target::Cpu;
-  if (precision != "fp32") {
+  if (precision != "fp32" && precision != "bf16") {
     compileError() << "--precision " << precision
-                   << (precision == "bf16"
-                           ? " is not implemented yet; use --precision fp32"
-                           : " is not a precision (supported: fp32)")
-                   << "\n";
+                   << " is not a precision (supported: fp32, bf16)\n";
+    return 1;
+  }
+  if (precision == "bf16" && emitTarget != fastllm::Target::Cuda) {
+    compileError() << "--precision bf16 needs --target cuda (the CPU target "
+                      "computes in fp32)\n";
     return 1;
   }
   if (dp < 1) {
@@ -468,6 +470,7 @@ int fastllm::compileMain(int argc, char **argv) {
   pipeline.numGradBuffers = numGradBuffers.getValue();
   pipeline.numWeightBuffers = numWeightBuffers.getValue();
   pipeline.fullPrecisionGradients = fullPrecisionGradients.getValue();
+  pipeline.precision = precision.getValue();
   fastllm::buildCpuTrainingPipeline(pm, pipeline);
   if (failed(pm.run(*module)))
     return 1;
