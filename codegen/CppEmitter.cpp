@@ -88,6 +88,12 @@ public:
 
 private:
   FailureOr<std::string> cType(Type type, Operation *where);
+  /// The type a functor computes in for stored type `stored`: bf16 operands
+  /// are widened to float, so a functor computes in fp32 and its result is
+  /// rounded once when stored.
+  static std::string computeType(const std::string &stored) {
+    return stored == "__nv_bfloat16" ? "float" : stored;
+  }
   LogicalResult emitConstants(func::FuncOp step);
   LogicalResult emitPlan(const MemoryPlan &plan);
   LogicalResult emitOp(Operation *op);
@@ -178,7 +184,13 @@ LogicalResult CpuEmitter::emitConstants(func::FuncOp step) {
       if (k)
         cs << ", ";
       Type et = dense.getElementType();
-      if (isa<FloatType>(et)) {
+      if (et.isBF16()) {
+        // Its bits: a __device__ array needs a constant initializer, and
+        // only the raw form of __nv_bfloat16 has a constexpr constructor.
+        APFloat f = dense.getValues<APFloat>()[k];
+        cs << "__nv_bfloat16_raw{"
+           << llvm::format_hex(f.bitcastToAPInt().getZExtValue(), 6) << "}";
+      } else if (isa<FloatType>(et)) {
         APFloat f = dense.getValues<APFloat>()[k];
         double d = f.convertToDouble();
         if (std::isnan(d))
@@ -319,24 +331,25 @@ LogicalResult CpuEmitter::emitElementwise(Operation *op, const std::string &expr
     if (failed(type))
       return failure();
     os << "    static const int64_t s" << i << "[] = " << list(strides) << ";\n";
-    params.push_back(*type + " x" + std::to_string(i));
+    params.push_back(computeType(*type) + " x" + std::to_string(i));
     operands.push_back("In<" + *type + ">{" + name(v) + ", s" +
                        std::to_string(i) + "}");
   }
   // One functor per distinct expression and signature: every call site
   // with the same one shares a single template instantiation, which keeps
   // the generated file quick to compile.
-  auto outType = cType(tensorType(r).getElementType(), op);
-  if (failed(outType))
+  auto storedOutType = cType(tensorType(r).getElementType(), op);
+  if (failed(storedOutType))
     return failure();
-  std::string signature = *outType + "(" + llvm::join(params, ", ") + ")";
+  std::string outType = computeType(*storedOutType);
+  std::string signature = outType + "(" + llvm::join(params, ", ") + ")";
   std::string body = signature + " { return " + expr + "; }";
   auto [it, inserted] =
       functors.try_emplace(body, "F" + std::to_string(functors.size()));
   if (inserted)
     functorDefs += "struct " + it->second + " {\n  " +
                    (target == Target::Cuda ? "__host__ __device__ " : "") +
-                   *outType + " operator()(" + llvm::join(params, ", ") +
+                   outType + " operator()(" + llvm::join(params, ", ") +
                    ") const { return " + expr + "; }\n};\n";
   os << "    elementwise(" << name(r) << ", " << rank << ", shape, "
      << it->second << "{}, ";

@@ -465,6 +465,9 @@ static LogicalResult verifyAttentionShapes(Operation *op, Value q, Value k,
     return op->emitOpError("lse shape ")
            << shapeStr(tensorType(lse).getShape()) << " should be "
            << shapeStr(qs.drop_back());
+  // lse (kept for the backward) may be f32 when the attention is bf16.
+  if (tensorType(lse).getElementType().isF32())
+    return verifySameElementType(op, {q, k, v, out});
   return verifySameElementType(op, {q, k, v, out, lse});
 }
 

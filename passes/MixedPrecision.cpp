@@ -7,8 +7,9 @@
 //  - an op with a bf16 float operand computes in bf16: its other f32 float
 //    operands are cast to bf16 (constants included; a cast of a constant
 //    has the constant's own shape) and its float results become bf16;
-//  - losses (cross_entropy, nll_loss) read bf16 logits and return fp32, and
-//    the function returns fp32 (a cast is added where needed).
+//  - losses (cross_entropy, nll_loss) read bf16 logits and return fp32,
+//    causal attention keeps its log-sum-exp in fp32, and the function
+//    returns fp32 (a cast is added where needed).
 // Autodiff then differentiates through the casts: each parameter's gradient
 // is computed in bf16 and cast back to fp32 before model.accumulate_grad
 // adds it into the fp32 gradient buffers. The kernels accumulate in fp32.
@@ -104,9 +105,14 @@ void MixedPrecisionPass::runOnOperation() {
     // Losses stay fp32: bf16 logits in, an fp32 loss out.
     if (isa<CrossEntropyOp, NllLossOp>(op))
       continue;
-    for (Value r : op->getResults())
+    for (Value r : op->getResults()) {
+      // Attention's log-sum-exp, kept for the backward, stays fp32.
+      if (auto attention = dyn_cast<CausalAttentionOp>(op);
+          attention && r == attention.getLse())
+        continue;
       if (RankedTensorType t = floatTensor(r); t && t.getElementType().isF32())
         r.setType(t.clone(low));
+    }
   }
   // Result types changed in place: every op must still verify.
   if (failed(verify(forward))) {

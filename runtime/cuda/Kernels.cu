@@ -11,6 +11,13 @@
 // parameters (the plan* functions, declared in Kernels.cuh for the tests) and
 // launches; nothing here synchronises with the GPU.
 //
+// The floating kernels are templates over the element type T (float or
+// __nv_bfloat16) that do all their arithmetic on widen(x), a float: for
+// T = float they are the float code exactly, and a bf16 result is rounded
+// once, where it is stored. Values a kernel used to store and reload
+// (softmax's exponentials) are recomputed instead, so that no intermediate
+// passes through a bf16 buffer.
+//
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/Kernels.cuh"
@@ -23,12 +30,14 @@
 
 namespace fastllm::rt::cuda {
 
+using detail::ComputeType;
 using detail::globalThread;
 using detail::gridFor;
 using detail::gridThreads;
 using detail::LaunchConfig;
 using detail::rowsFor;
 using detail::StridedIndex;
+using detail::widen;
 
 //===----------------------------------------------------------------------===//
 // The stream
@@ -304,8 +313,8 @@ cublasHandle_t cublasHandle() {
   static cublasHandle_t handle = [] {
     cublasHandle_t h;
     FASTLLM_CUBLAS_CHECK(cublasCreate(&h));
-    // No TF32 tensor-op math: with CUBLAS_COMPUTE_32F below, products are
-    // full fp32, as on the CPU.
+    // No TF32 tensor-op math: with CUBLAS_COMPUTE_32F below, float products
+    // are full fp32, as on the CPU (bf16 ones still use tensor cores).
     FASTLLM_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     return h;
   }();
@@ -314,7 +323,8 @@ cublasHandle_t cublasHandle() {
 
 } // namespace
 
-void matmul(float *c, const float *a, const float *b, int batchRank,
+template <typename T>
+void matmul(T *c, const T *a, const T *b, int batchRank,
             const int64_t *batchShape, const int64_t *aBatchStrides,
             const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
             bool transA, bool transB) {
@@ -330,7 +340,9 @@ void matmul(float *c, const float *a, const float *b, int batchRank,
   // cuBLAS is column-major, and a row-major [r, c] matrix read column-major
   // is its [c, r] transpose. So the row-major C = op(A)·op(B) is computed as
   // the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: B first, each operand with its own
-  // transpose flag, leading dimensions the row-major row lengths.
+  // transpose flag, leading dimensions the row-major row lengths. alpha and
+  // beta are floats, the scale type of CUBLAS_COMPUTE_32F, for either T.
+  constexpr cudaDataType_t type = detail::gemmDataType<T>();
   const float alpha = 1.f, beta = 0.f;
   const int64_t lda = transA ? m : k, ldb = transB ? k : n;
   const cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -338,10 +350,9 @@ void matmul(float *c, const float *a, const float *b, int batchRank,
   for (int64_t call = 0; call < plan.calls; ++call)
     FASTLLM_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(
         handle, opB, opA, n, plan.m, k, &alpha, b + plan.bFirst.offset(call),
-        CUDA_R_32F, ldb, plan.bStride, a + plan.aFirst.offset(call), CUDA_R_32F,
-        lda, plan.aStride, &beta, c + call * plan.count * plan.m * n,
-        CUDA_R_32F, n, plan.m * n, plan.count, CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT));
+        type, ldb, plan.bStride, a + plan.aFirst.offset(call), type, lda,
+        plan.aStride, &beta, c + call * plan.count * plan.m * n, type, n,
+        plan.m * n, plan.count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 //===----------------------------------------------------------------------===//
@@ -350,8 +361,11 @@ void matmul(float *c, const float *a, const float *b, int batchRank,
 
 namespace {
 
-template <typename T> struct Identity {
-  __host__ __device__ T operator()(T x) const { return x; }
+/// x unchanged: elementwise with it copies, converting to the output's type.
+struct Identity {
+  template <typename T> __host__ __device__ T operator()(T x) const {
+    return x;
+  }
 };
 
 /// Transposes the tiles of plan (see TransposePlan), one 32 x 32 tile per
@@ -421,28 +435,43 @@ __global__ void gatherKernel(T *out, const T *in, const Idx *idx, int64_t total,
   }
 }
 
-/// Adds dout into the zeroed din: thread (o, band, col) owns column col of
-/// the table rows ≡ band (mod bands) of outer slice o, and walks all the
-/// indices in order of j, adding the rows that land in its band. No two
-/// threads write one element, and each element sees its additions in the
-/// CPU's order.
-template <typename T, typename Idx>
+/// Adds dout into the zeroed table (gatherGrad's din, or its float sums for
+/// a bf16 din): thread (o, band, col) owns column col of the table rows ≡
+/// band (mod bands) of outer slice o, and walks all the indices in order of
+/// j, adding the rows that land in its band. No two threads write one
+/// element, and each element sees its additions in the CPU's order.
+template <typename Acc, typename T, typename Idx>
 __global__ void
-gatherGradKernel(T *__restrict__ din, const T *__restrict__ dout,
+gatherGradKernel(Acc *__restrict__ sums, const T *__restrict__ dout,
                  const Idx *__restrict__ idx, int64_t outer, int64_t dimSize,
                  int64_t numIdx, int64_t inner, int64_t bands) {
   for (int64_t u = globalThread(); u < outer * bands * inner;
        u += gridThreads()) {
     const int64_t col = u % inner, ob = u / inner;
     const int64_t band = ob % bands, o = ob / bands;
-    T *table = din + o * dimSize * inner + col;
+    Acc *table = sums + o * dimSize * inner + col;
     const T *grad = dout + o * numIdx * inner + col;
     for (int64_t j = 0; j < numIdx; ++j) {
       int64_t row = wrapIndex(idx[j], dimSize);
       if (row % bands == band)
-        table[row * inner] += grad[j * inner];
+        table[row * inner] += widen(grad[j * inner]);
     }
   }
+}
+
+/// Zeroes the [outer, dimSize, inner] table `sums` and adds dout into it.
+template <typename Acc, typename T, typename Idx>
+void launchGatherGrad(Acc *sums, const T *dout, const Idx *idx, int64_t outer,
+                      int64_t dimSize, int64_t numIdx, int64_t inner) {
+  FASTLLM_CUDA_CHECK(cudaMemsetAsync(
+      sums, 0, size_t(outer * dimSize * inner) * sizeof(Acc), stream()));
+  if (numIdx == 0)
+    return;
+  const int64_t bands = detail::gatherGradBands(outer, dimSize, inner);
+  LaunchConfig launch = gridFor(outer * bands * inner);
+  gatherGradKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+      sums, dout, idx, outer, dimSize, numIdx, inner, bands);
+  checkLaunch();
 }
 
 /// The strides and first offset of a slice, in elements of the input.
@@ -466,7 +495,7 @@ void transpose(T *out, const T *in, int rank, const int64_t *inShape,
   if (plan.total == 0)
     return;
   if (!plan.tiled)
-    return elementwise(out, plan.rank, plan.dims, Identity<T>(),
+    return elementwise(out, plan.rank, plan.dims, Identity(),
                        In<T>{in, plan.inStrides});
   const dim3 block(detail::kTransposeTile, 8);
   const unsigned blocks = static_cast<unsigned>(
@@ -481,7 +510,7 @@ void slice(T *out, const T *in, int rank, const int64_t *inShape,
            const int64_t *outShape) {
   int64_t strides[kMaxRank];
   int64_t offset = sliceLayout(rank, inShape, start, stride, strides);
-  elementwise(out, rank, outShape, Identity<T>(), In<T>{in + offset, strides});
+  elementwise(out, rank, outShape, Identity(), In<T>{in + offset, strides});
 }
 
 template <typename T>
@@ -546,15 +575,16 @@ void gatherGrad(T *din, const T *dout, const Idx *idx, int64_t outer,
   const int64_t tableSize = outer * dimSize * inner;
   if (tableSize == 0)
     return;
-  FASTLLM_CUDA_CHECK(
-      cudaMemsetAsync(din, 0, size_t(tableSize) * sizeof(T), stream()));
-  if (numIdx == 0)
-    return;
-  const int64_t bands = detail::gatherGradBands(outer, dimSize, inner);
-  LaunchConfig launch = gridFor(outer * bands * inner);
-  gatherGradKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
-      din, dout, idx, outer, dimSize, numIdx, inner, bands);
-  checkLaunch();
+  using Acc = ComputeType<T>;
+  if constexpr (std::is_same_v<Acc, T>) {
+    launchGatherGrad(din, dout, idx, outer, dimSize, numIdx, inner);
+  } else {
+    // bf16: the sums in float, rounded into din once they are complete.
+    Scratch<Acc> sums(tableSize);
+    launchGatherGrad(sums.get(), dout, idx, outer, dimSize, numIdx, inner);
+    const int64_t unit[] = {1};
+    elementwise(din, 1, &tableSize, Identity(), In<Acc>{sums.get(), unit});
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -580,7 +610,7 @@ __global__ void reduceContiguousKernel(T *out, const T *in,
     const T *base = in + plan.kept.offset(o);
     Acc acc = init;
     for (int64_t r = threadIdx.x; r < plan.redCount; r += blockDim.x)
-      acc = combine(acc, static_cast<Acc>(base[plan.red.offset(r)]));
+      acc = combine(acc, static_cast<Acc>(widen(base[plan.red.offset(r)])));
     acc = blockAllReduce(acc, combine);
     if (threadIdx.x == 0)
       out[o] = finishReduce<T>(acc, meanCount);
@@ -603,7 +633,7 @@ __global__ void reduceStridedKernel(T *out, const T *in,
     if (o < plan.keptCount) {
       const T *base = in + plan.kept.offset(o);
       for (int64_t r = threadIdx.y; r < plan.redCount; r += blockDim.y)
-        acc = combine(acc, static_cast<Acc>(base[plan.red.offset(r)]));
+        acc = combine(acc, static_cast<Acc>(widen(base[plan.red.offset(r)])));
     }
     partial[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
@@ -641,18 +671,22 @@ void reduce(T *out, const T *in, int rank, const int64_t *shape,
   const detail::ReducePlan plan = detail::planReduce(rank, shape, reducedDims);
   if (plan.keptCount == 0)
     return;
+  // Max compares, and the empty results are made, in T's compute type (a bf16
+  // max in float, its empty results those of float).
+  using Value = ComputeType<T>;
   if (plan.redCount == 0) {
-    T empty = kind == ReduceKind::Max ? lowest<T>() : T(0);
-    if (kind == ReduceKind::Mean && std::numeric_limits<T>::has_quiet_NaN)
-      empty = std::numeric_limits<T>::quiet_NaN();
+    Value empty = kind == ReduceKind::Max ? lowest<Value>() : Value(0);
+    if (kind == ReduceKind::Mean && std::numeric_limits<Value>::has_quiet_NaN)
+      empty = std::numeric_limits<Value>::quiet_NaN();
     return fill(out, plan.keptCount, empty);
   }
   // Only size-1 dims reduced: the output is the input.
   if (plan.red.rank == 0)
     return copy(out, in, plan.keptCount);
   if (kind == ReduceKind::Max)
-    return launchReduce(out, in, plan, lowest<T>(), MaxNan{}, 0);
-  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+    return launchReduce(out, in, plan, lowest<Value>(), MaxNan{}, 0);
+  using Acc =
+      std::conditional_t<std::is_floating_point_v<Value>, double, int64_t>;
   launchReduce(out, in, plan, Acc(0), Plus{},
                kind == ReduceKind::Mean ? plan.redCount : 0);
 }
@@ -663,102 +697,103 @@ void reduce(T *out, const T *in, int rank, const int64_t *shape,
 
 namespace {
 
-/// Softmax of rows of n (inner == 1), a block per row. A row of only -inf
-/// has max -inf and x - max = NaN: NaN throughout, as in PyTorch.
-__global__ void softmaxRowsKernel(float *y, const float *x, int64_t rows,
-                                  int64_t n, bool log) {
+/// Softmax of rows of n (inner == 1), a block per row: the row's max m, then
+/// Σ e^(x - m), then y = e^(x - m) / Σ (the exponential computed again rather
+/// than stored and reloaded) or (x - m) - log Σ. A row of only -inf has max
+/// -inf and x - max = NaN: NaN throughout, as in PyTorch.
+template <typename T>
+__global__ void softmaxRowsKernel(T *y, const T *x, int64_t rows, int64_t n,
+                                  bool log) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float *xr = x + row * n;
-    float *yr = y + row * n;
+    const T *xr = x + row * n;
+    T *yr = y + row * n;
     float m = -INFINITY;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-      m = MaxNan()(m, xr[i]);
+      m = MaxNan()(m, widen(xr[i]));
     m = blockAllReduce(m, MaxNan());
     float local = 0.f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      local += fastExp(widen(xr[i]) - m);
+    const float sum = blockAllReduce(local, Plus());
     if (log) {
       // (x - m) - log Σ: the first difference is exact near the max.
+      const float logSum = logf(sum);
       for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-        local += fastExp(xr[i] - m);
-      const float logSum = logf(blockAllReduce(local, Plus()));
-      for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-        yr[i] = (xr[i] - m) - logSum;
+        yr[i] = static_cast<T>((widen(xr[i]) - m) - logSum);
       continue;
     }
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      float e = fastExp(xr[i] - m);
-      yr[i] = e;
-      local += e;
-    }
-    const float inv = 1.f / blockAllReduce(local, Plus());
+    const float inv = 1.f / sum;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-      yr[i] *= inv;
+      yr[i] = static_cast<T>(fastExp(widen(xr[i]) - m) * inv);
   }
 }
 
 /// Softmax along n of [outer, n, inner] with inner > 1: a thread per column
-/// (o, i), walking n three times; neighbouring threads read neighbouring
-/// columns.
-__global__ void softmaxColumnsKernel(float *y, const float *x, int64_t outer,
-                                     int64_t n, int64_t inner, bool log) {
+/// (o, i), walking n three times (max, sum, output) as softmaxRowsKernel;
+/// neighbouring threads read neighbouring columns.
+template <typename T>
+__global__ void softmaxColumnsKernel(T *y, const T *x, int64_t outer, int64_t n,
+                                     int64_t inner, bool log) {
   for (int64_t u = globalThread(); u < outer * inner; u += gridThreads()) {
     const int64_t base = u / inner * n * inner + u % inner;
     float m = -INFINITY;
     for (int64_t j = 0; j < n; ++j)
-      m = MaxNan()(m, x[base + j * inner]);
+      m = MaxNan()(m, widen(x[base + j * inner]));
     float s = 0.f;
-    for (int64_t j = 0; j < n; ++j) {
-      float e = fastExp(x[base + j * inner] - m);
-      s += e;
-      if (!log)
-        y[base + j * inner] = e;
-    }
+    for (int64_t j = 0; j < n; ++j)
+      s += fastExp(widen(x[base + j * inner]) - m);
     s = log ? logf(s) : 1.f / s;
     for (int64_t j = 0; j < n; ++j) {
-      float &v = y[base + j * inner];
-      v = log ? (x[base + j * inner] - m) - s : v * s;
+      const float shifted = widen(x[base + j * inner]) - m;
+      y[base + j * inner] =
+          static_cast<T>(log ? shifted - s : fastExp(shifted) * s);
     }
   }
 }
 
 /// softmaxGrad along rows of n (inner == 1), a block per row.
-__global__ void softmaxGradRowsKernel(float *dx, const float *y,
-                                      const float *dy, int64_t rows, int64_t n,
-                                      bool log) {
+template <typename T>
+__global__ void softmaxGradRowsKernel(T *dx, const T *y, const T *dy,
+                                      int64_t rows, int64_t n, bool log) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float *yr = y + row * n, *gr = dy + row * n;
-    float *dr = dx + row * n;
+    const T *yr = y + row * n, *gr = dy + row * n;
+    T *dr = dx + row * n;
     double local = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-      local += log ? double(gr[i]) : double(gr[i]) * yr[i];
+      local += log ? double(widen(gr[i])) : double(widen(gr[i])) * widen(yr[i]);
     const float s = static_cast<float>(blockAllReduce(local, Plus()));
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-      dr[i] = log ? gr[i] - fastExp(yr[i]) * s : yr[i] * (gr[i] - s);
+      dr[i] = static_cast<T>(log ? widen(gr[i]) - fastExp(widen(yr[i])) * s
+                                 : widen(yr[i]) * (widen(gr[i]) - s));
   }
 }
 
 /// softmaxGrad along n with inner > 1, a thread per column as
 /// softmaxColumnsKernel.
-__global__ void softmaxGradColumnsKernel(float *dx, const float *y,
-                                         const float *dy, int64_t outer,
-                                         int64_t n, int64_t inner, bool log) {
+template <typename T>
+__global__ void softmaxGradColumnsKernel(T *dx, const T *y, const T *dy,
+                                         int64_t outer, int64_t n,
+                                         int64_t inner, bool log) {
   for (int64_t u = globalThread(); u < outer * inner; u += gridThreads()) {
     const int64_t base = u / inner * n * inner + u % inner;
     double sum = 0;
     for (int64_t j = 0; j < n; ++j) {
       int64_t at = base + j * inner;
-      sum += log ? double(dy[at]) : double(dy[at]) * y[at];
+      sum += log ? double(widen(dy[at])) : double(widen(dy[at])) * widen(y[at]);
     }
     const float s = static_cast<float>(sum);
     for (int64_t j = 0; j < n; ++j) {
       int64_t at = base + j * inner;
-      dx[at] = log ? dy[at] - fastExp(y[at]) * s : y[at] * (dy[at] - s);
+      dx[at] = static_cast<T>(log ? widen(dy[at]) - fastExp(widen(y[at])) * s
+                                  : widen(y[at]) * (widen(dy[at]) - s));
     }
   }
 }
 
 } // namespace
 
-void softmax(float *y, const float *x, int64_t outer, int64_t n, int64_t inner,
+template <typename T>
+void softmax(T *y, const T *x, int64_t outer, int64_t n, int64_t inner,
              bool log) {
   if (outer == 0 || n == 0 || inner == 0)
     return;
@@ -774,8 +809,9 @@ void softmax(float *y, const float *x, int64_t outer, int64_t n, int64_t inner,
   checkLaunch();
 }
 
-void softmaxGrad(float *dx, const float *y, const float *dy, int64_t outer,
-                 int64_t n, int64_t inner, bool log) {
+template <typename T>
+void softmaxGrad(T *dx, const T *y, const T *dy, int64_t outer, int64_t n,
+                 int64_t inner, bool log) {
   if (outer == 0 || n == 0 || inner == 0)
     return;
   if (inner > 1) {
@@ -799,10 +835,11 @@ namespace {
 /// The mean and 1/√(biased variance + eps) of one row, as floats, from one
 /// pass of Σx and Σx² in double (as the CPU). Every thread of the block must
 /// call it.
-__device__ float2 rowMoments(const float *x, int64_t n, float eps) {
+template <typename T>
+__device__ float2 rowMoments(const T *x, int64_t n, float eps) {
   double sum = 0, sumSq = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    double v = x[i];
+    double v = widen(x[i]);
     sum += v;
     sumSq += v * v;
   }
@@ -816,88 +853,92 @@ __device__ float2 rowMoments(const float *x, int64_t n, float eps) {
 }
 
 /// 1/√(mean(x²) + eps) of one row, as rowMoments.
-__device__ float rowRstd(const float *x, int64_t n, float eps) {
+template <typename T>
+__device__ float rowRstd(const T *x, int64_t n, float eps) {
   double sumSq = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-    sumSq += double(x[i]) * x[i];
+    sumSq += double(widen(x[i])) * widen(x[i]);
   sumSq = blockAllReduce(sumSq, Plus());
   return static_cast<float>(1.0 / sqrt(sumSq / n + eps));
 }
 
 /// layerNorm, a block per row.
-__global__ void layerNormKernel(float *y, const float *x, const float *scale,
-                                const float *bias, int64_t rows, int64_t cols,
-                                float eps) {
+template <typename T>
+__global__ void layerNormKernel(T *y, const T *x, const T *scale, const T *bias,
+                                int64_t rows, int64_t cols, float eps) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float *xr = x + row * cols;
-    float *yr = y + row * cols;
+    const T *xr = x + row * cols;
+    T *yr = y + row * cols;
     const float2 mr = rowMoments(xr, cols, eps);
     for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-      float v = (xr[i] - mr.x) * mr.y * scale[i];
-      yr[i] = bias ? v + bias[i] : v;
+      float v = (widen(xr[i]) - mr.x) * mr.y * widen(scale[i]);
+      yr[i] = static_cast<T>(bias ? v + widen(bias[i]) : v);
     }
   }
 }
 
 /// dx of layerNorm, a block per row, also saving each row's (mean, rstd) for
 /// normColumnSumsKernel: dx = rstd·(g - mean(g) - x̂·mean(g·x̂)), g = dy·scale.
-__global__ void layerNormGradRowsKernel(float *dx, float2 *stats,
-                                        const float *x, const float *scale,
-                                        const float *dy, int64_t rows,
-                                        int64_t cols, float eps) {
+template <typename T>
+__global__ void layerNormGradRowsKernel(T *dx, float2 *stats, const T *x,
+                                        const T *scale, const T *dy,
+                                        int64_t rows, int64_t cols, float eps) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float *xr = x + row * cols, *gr = dy + row * cols;
-    float *dr = dx + row * cols;
+    const T *xr = x + row * cols, *gr = dy + row * cols;
+    T *dr = dx + row * cols;
     const float2 mr = rowMoments(xr, cols, eps);
     const float m = mr.x, r = mr.y;
     if (threadIdx.x == 0)
       stats[row] = mr;
     double sumG = 0, sumGX = 0;
     for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-      float g = gr[i] * scale[i];
+      float g = widen(gr[i]) * widen(scale[i]);
       sumG += g;
-      sumGX += double(g) * ((xr[i] - m) * r);
+      sumGX += double(g) * ((widen(xr[i]) - m) * r);
     }
     const float a = static_cast<float>(blockAllReduce(sumG, Plus()) / cols);
     const float b = static_cast<float>(blockAllReduce(sumGX, Plus()) / cols);
     for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-      float xhat = (xr[i] - m) * r;
-      dr[i] = r * (gr[i] * scale[i] - a - xhat * b);
+      float xhat = (widen(xr[i]) - m) * r;
+      dr[i] =
+          static_cast<T>(r * (widen(gr[i]) * widen(scale[i]) - a - xhat * b));
     }
   }
 }
 
 /// rmsNorm, a block per row.
-__global__ void rmsNormKernel(float *y, const float *x, const float *scale,
-                              int64_t rows, int64_t cols, float eps) {
+template <typename T>
+__global__ void rmsNormKernel(T *y, const T *x, const T *scale, int64_t rows,
+                              int64_t cols, float eps) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float *xr = x + row * cols;
-    float *yr = y + row * cols;
+    const T *xr = x + row * cols;
+    T *yr = y + row * cols;
     const float r = rowRstd(xr, cols, eps);
     for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
-      yr[i] = xr[i] * r * scale[i];
+      yr[i] = static_cast<T>(widen(xr[i]) * r * widen(scale[i]));
   }
 }
 
 /// dx of rmsNorm, a block per row, saving (0, rstd) per row so that
 /// normColumnSumsKernel's x̂ = (x - 0)·rstd is rmsNorm's x·rstd exactly:
 /// dx = rstd·(g - x̂·mean(g·x̂)), g = dy·scale.
-__global__ void rmsNormGradRowsKernel(float *dx, float2 *stats, const float *x,
-                                      const float *scale, const float *dy,
-                                      int64_t rows, int64_t cols, float eps) {
+template <typename T>
+__global__ void rmsNormGradRowsKernel(T *dx, float2 *stats, const T *x,
+                                      const T *scale, const T *dy, int64_t rows,
+                                      int64_t cols, float eps) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float *xr = x + row * cols, *gr = dy + row * cols;
-    float *dr = dx + row * cols;
+    const T *xr = x + row * cols, *gr = dy + row * cols;
+    T *dr = dx + row * cols;
     const float r = rowRstd(xr, cols, eps);
     if (threadIdx.x == 0)
       stats[row] = make_float2(0.f, r);
     double sumGX = 0;
     for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
-      sumGX += double(gr[i] * scale[i]) * (xr[i] * r);
+      sumGX += double(widen(gr[i]) * widen(scale[i])) * (widen(xr[i]) * r);
     const float b = static_cast<float>(blockAllReduce(sumGX, Plus()) / cols);
     for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-      float xhat = xr[i] * r;
-      dr[i] = r * (gr[i] * scale[i] - xhat * b);
+      float xhat = widen(xr[i]) * r;
+      dr[i] = static_cast<T>(r * (widen(gr[i]) * widen(scale[i]) - xhat * b));
     }
   }
 }
@@ -906,10 +947,10 @@ __global__ void rmsNormGradRowsKernel(float *dx, float2 *stats, const float *x,
 /// x̂ = (x - mean)·rstd from the saved row stats: a kColumnTile x
 /// kColumnLanes block per kColumnTile columns, the lanes of a column
 /// splitting the rows and combined in lane order, all in double.
-__global__ void normColumnSumsKernel(float *dscale, float *dbias,
-                                     const float *x, const float *dy,
-                                     const float2 *stats, int64_t rows,
-                                     int64_t cols) {
+template <typename T>
+__global__ void normColumnSumsKernel(T *dscale, T *dbias, const T *x,
+                                     const T *dy, const float2 *stats,
+                                     int64_t rows, int64_t cols) {
   __shared__ double partial[2][kColumnLanes][kColumnTile];
   for (int64_t c0 = int64_t(blockIdx.x) * kColumnTile; c0 < cols;
        c0 += int64_t(gridDim.x) * kColumnTile) {
@@ -918,8 +959,8 @@ __global__ void normColumnSumsKernel(float *dscale, float *dbias,
     if (col < cols)
       for (int64_t row = threadIdx.y; row < rows; row += blockDim.y) {
         const float2 s = stats[row];
-        const float g = dy[row * cols + col];
-        const float xhat = (x[row * cols + col] - s.x) * s.y;
+        const float g = widen(dy[row * cols + col]);
+        const float xhat = (widen(x[row * cols + col]) - s.x) * s.y;
         sumScale += double(g) * xhat;
         sumBias += g;
       }
@@ -932,17 +973,19 @@ __global__ void normColumnSumsKernel(float *dscale, float *dbias,
         sumBias += partial[1][y][threadIdx.x];
       }
       if (dscale)
-        dscale[col] = static_cast<float>(sumScale);
+        dscale[col] = static_cast<T>(sumScale);
       if (dbias)
-        dbias[col] = static_cast<float>(sumBias);
+        dbias[col] = static_cast<T>(sumBias);
     }
     __syncthreads();
   }
 }
 
-void launchNormColumnSums(float *dscale, float *dbias, const float *x,
-                          const float *dy, const float2 *stats, int64_t rows,
-                          int64_t cols) {
+/// dscale and dbias are nullable: T comes from x.
+template <typename T>
+void launchNormColumnSums(detail::NoDeduce<T> *dscale,
+                          detail::NoDeduce<T> *dbias, const T *x, const T *dy,
+                          const float2 *stats, int64_t rows, int64_t cols) {
   if (!dscale && !dbias)
     return;
   const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(
@@ -954,8 +997,10 @@ void launchNormColumnSums(float *dscale, float *dbias, const float *x,
 
 } // namespace
 
-void layerNorm(float *y, const float *x, const float *scale, const float *bias,
-               int64_t rows, int64_t cols, float eps) {
+template <typename T>
+void layerNorm(T *y, const T *x, const T *scale,
+               const detail::NoDeduce<T> *bias, int64_t rows, int64_t cols,
+               float eps) {
   if (rows == 0 || cols == 0)
     return;
   LaunchConfig launch = rowsFor(rows);
@@ -964,9 +1009,10 @@ void layerNorm(float *y, const float *x, const float *scale, const float *bias,
   checkLaunch();
 }
 
-void layerNormGrad(float *dx, float *dscale, float *dbias, const float *x,
-                   const float *scale, const float *dy, int64_t rows,
-                   int64_t cols, float eps) {
+template <typename T>
+void layerNormGrad(T *dx, detail::NoDeduce<T> *dscale,
+                   detail::NoDeduce<T> *dbias, const T *x, const T *scale,
+                   const T *dy, int64_t rows, int64_t cols, float eps) {
   if (cols == 0)
     return;
   Scratch<float2> stats(rows);
@@ -979,8 +1025,9 @@ void layerNormGrad(float *dx, float *dscale, float *dbias, const float *x,
   launchNormColumnSums(dscale, dbias, x, dy, stats.get(), rows, cols);
 }
 
-void rmsNorm(float *y, const float *x, const float *scale, int64_t rows,
-             int64_t cols, float eps) {
+template <typename T>
+void rmsNorm(T *y, const T *x, const T *scale, int64_t rows, int64_t cols,
+             float eps) {
   if (rows == 0 || cols == 0)
     return;
   LaunchConfig launch = rowsFor(rows);
@@ -989,8 +1036,9 @@ void rmsNorm(float *y, const float *x, const float *scale, int64_t rows,
   checkLaunch();
 }
 
-void rmsNormGrad(float *dx, float *dscale, const float *x, const float *scale,
-                 const float *dy, int64_t rows, int64_t cols, float eps) {
+template <typename T>
+void rmsNormGrad(T *dx, detail::NoDeduce<T> *dscale, const T *x, const T *scale,
+                 const T *dy, int64_t rows, int64_t cols, float eps) {
   if (cols == 0)
     return;
   Scratch<float2> stats(rows);
@@ -1062,21 +1110,24 @@ struct KeyValueGradShared {
 };
 
 /// dst[r·ld + c] = src[(first + r)·cols + c] for the 32 rows from `first` of
-/// the [t, cols] matrix src, zero past row t. The whole block copies.
-__device__ void loadTile(float *dst, int64_t ld, const float *src,
-                         int64_t first, int64_t t, int64_t cols) {
+/// the [t, cols] matrix src, zero past row t, as floats. The whole block
+/// copies.
+template <typename T>
+__device__ void loadTile(float *dst, int64_t ld, const T *src, int64_t first,
+                         int64_t t, int64_t cols) {
   for (int64_t e = threadIdx.x; e < kAttnTile * cols; e += blockDim.x) {
     int64_t r = e / cols, c = e - r * cols;
-    dst[r * ld + c] = first + r < t ? src[(first + r) * cols + c] : 0.f;
+    dst[r * ld + c] = first + r < t ? widen(src[(first + r) * cols + c]) : 0.f;
   }
 }
 
 /// Σ a[c]·b[c] over c < n in double, split over the warp's lanes; every lane
 /// gets the sum.
-__device__ float warpDot(const float *a, const float *b, int64_t n) {
+template <typename T>
+__device__ float warpDot(const float *a, const T *b, int64_t n) {
   double acc = 0;
   for (int64_t c = threadIdx.x % 32; c < n; c += 32)
-    acc += double(a[c]) * b[c];
+    acc += double(a[c]) * widen(b[c]);
   return static_cast<float>(warpAllReduce(acc, Plus()));
 }
 
@@ -1093,10 +1144,11 @@ __device__ float dot(const float *a, const float *b, int64_t n) {
 /// lane l scores key l against a row, the warp updates the row's running max
 /// m and sum l (rescaling the row's outputs by e^(m_old - m_new)), and each
 /// lane adds Σ_keys p·v to its columns of the row's output.
+template <typename T>
 __global__ void __launch_bounds__(kAttnThreads)
-    attentionForwardKernel(float *out, float *lse, const float *q,
-                           const float *k, const float *v, int64_t t, int64_t d,
-                           int64_t dv, float scale) {
+    attentionForwardKernel(T *out, float *lse, const T *q, const T *k,
+                           const T *v, int64_t t, int64_t d, int64_t dv,
+                           float scale) {
   extern __shared__ float shared[];
   const ForwardShared at(d, dv);
   float *qs = shared + at.q, *ks = shared + at.k, *vs = shared + at.v;
@@ -1162,7 +1214,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       lse[i] = rowMax[rr] + logf(rowSum[rr]);
     const float inv = 1.f / rowSum[rr];
     for (int64_t c = lane; c < dv; c += 32)
-      out[i * dv + c] = os[r * dv + c] * inv;
+      out[i * dv + c] = static_cast<T>(os[r * dv + c] * inv);
   }
 }
 
@@ -1170,11 +1222,11 @@ __global__ void __launch_bounds__(kAttnThreads)
 /// 4w..4w+3. For each key tile up to the diagonal, lane l recomputes
 /// p = e^(s - lse) and dS = p·(dout·v - D) for key l and a row, and each
 /// lane adds Σ_keys dS·k to its columns of the row's dQ.
+template <typename T>
 __global__ void __launch_bounds__(kAttnThreads)
-    attentionQueryGradKernel(float *dQ, const float *q, const float *k,
-                             const float *v, const float *out, const float *lse,
-                             const float *dout, int64_t t, int64_t d,
-                             int64_t dv, float scale) {
+    attentionQueryGradKernel(T *dQ, const T *q, const T *k, const T *v,
+                             const T *out, const float *lse, const T *dout,
+                             int64_t t, int64_t d, int64_t dv, float scale) {
   extern __shared__ float shared[];
   const QueryGradShared at(d, dv);
   float *qs = shared + at.q, *dos = shared + at.dout, *ks = shared + at.k;
@@ -1240,7 +1292,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     if (i >= t)
       break;
     for (int64_t x = lane; x < d; x += 32)
-      dQ[i * d + x] = scale * dqs[r * d + x];
+      dQ[i * d + x] = static_cast<T>(scale * dqs[r * d + x]);
   }
 }
 
@@ -1250,12 +1302,12 @@ __global__ void __launch_bounds__(kAttnThreads)
 /// of its keys, lane l recomputes p and dS for query row l, and each lane
 /// adds Σ_rows p·dout to its columns of the key's dV and Σ_rows dS·q to its
 /// columns of the key's dK.
+template <typename T>
 __global__ void __launch_bounds__(kAttnThreads)
-    attentionKeyValueGradKernel(float *dK, float *dV, const float *q,
-                                const float *k, const float *v,
-                                const float *out, const float *lse,
-                                const float *dout, int64_t t, int64_t d,
-                                int64_t dv, float scale) {
+    attentionKeyValueGradKernel(T *dK, T *dV, const T *q, const T *k,
+                                const T *v, const T *out, const float *lse,
+                                const T *dout, int64_t t, int64_t d, int64_t dv,
+                                float scale) {
   extern __shared__ float shared[];
   const KeyValueGradShared at(d, dv);
   float *ks = shared + at.k, *vs = shared + at.v, *qs = shared + at.q;
@@ -1338,9 +1390,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     if (j >= t)
       break;
     for (int64_t x = lane; x < d; x += 32)
-      dK[j * d + x] = scale * dks[jj * d + x];
+      dK[j * d + x] = static_cast<T>(scale * dks[jj * d + x]);
     for (int64_t c = lane; c < dv; c += 32)
-      dV[j * dv + c] = dvs[jj * dv + c];
+      dV[j * dv + c] = static_cast<T>(dvs[jj * dv + c]);
   }
 }
 
@@ -1391,37 +1443,40 @@ size_t detail::attentionSharedBytes(AttentionKernel kernel, int64_t d,
   return size_t(floats) * sizeof(float);
 }
 
-void causalAttention(float *out, float *lse, const float *q, const float *k,
-                     const float *v, int64_t batch, int64_t t, int64_t d,
-                     int64_t dv, float scale) {
+template <typename T>
+void causalAttention(T *out, float *lse, const T *q, const T *k, const T *v,
+                     int64_t batch, int64_t t, int64_t d, int64_t dv,
+                     float scale) {
   if (batch == 0 || t == 0)
     return;
   const size_t bytes =
       detail::attentionSharedBytes(detail::AttentionKernel::Forward, d, dv);
-  reserveSharedMemory(attentionForwardKernel, bytes, "causalAttention", d, dv);
+  reserveSharedMemory(attentionForwardKernel<T>, bytes, "causalAttention", d,
+                      dv);
   attentionForwardKernel<<<attentionBlocks(batch, t), kAttnThreads, bytes,
                            stream()>>>(out, lse, q, k, v, t, d, dv, scale);
   checkLaunch();
 }
 
-void causalAttentionGrad(float *dQ, float *dK, float *dV, const float *q,
-                         const float *k, const float *v, const float *out,
-                         const float *lse, const float *dout, int64_t batch,
-                         int64_t t, int64_t d, int64_t dv, float scale) {
+template <typename T>
+void causalAttentionGrad(T *dQ, T *dK, T *dV, const T *q, const T *k,
+                         const T *v, const T *out, const float *lse,
+                         const T *dout, int64_t batch, int64_t t, int64_t d,
+                         int64_t dv, float scale) {
   if (batch == 0 || t == 0)
     return;
   const unsigned blocks = attentionBlocks(batch, t);
   const size_t kvBytes = detail::attentionSharedBytes(
       detail::AttentionKernel::KeyValueGrad, d, dv);
-  reserveSharedMemory(attentionKeyValueGradKernel, kvBytes,
+  reserveSharedMemory(attentionKeyValueGradKernel<T>, kvBytes,
                       "causalAttentionGrad", d, dv);
   attentionKeyValueGradKernel<<<blocks, kAttnThreads, kvBytes, stream()>>>(
       dK, dV, q, k, v, out, lse, dout, t, d, dv, scale);
   checkLaunch();
   const size_t qBytes =
       detail::attentionSharedBytes(detail::AttentionKernel::QueryGrad, d, dv);
-  reserveSharedMemory(attentionQueryGradKernel, qBytes, "causalAttentionGrad",
-                      d, dv);
+  reserveSharedMemory(attentionQueryGradKernel<T>, qBytes,
+                      "causalAttentionGrad", d, dv);
   attentionQueryGradKernel<<<blocks, kAttnThreads, qBytes, stream()>>>(
       dQ, q, k, v, out, lse, dout, t, d, dv, scale);
   checkLaunch();
@@ -1446,8 +1501,8 @@ __device__ int64_t checkedTarget(Idx target, int64_t classes) {
 
 /// Each row's cross-entropy, max + log Σ e^(x - max) - x[target], into
 /// rowLoss (0 for ignored rows): a block per row.
-template <typename Idx, typename Out>
-__global__ void crossEntropyRowsKernel(Out *rowLoss, const float *logits,
+template <typename Idx, typename T, typename Out>
+__global__ void crossEntropyRowsKernel(Out *rowLoss, const T *logits,
                                        const Idx *targets, int64_t rows,
                                        int64_t classes, bool hasIgnore,
                                        int64_t ignoreIndex) {
@@ -1458,18 +1513,18 @@ __global__ void crossEntropyRowsKernel(Out *rowLoss, const float *logits,
       continue;
     }
     const int64_t target = checkedTarget(targets[row], classes);
-    const float *xr = logits + row * classes;
+    const T *xr = logits + row * classes;
     float m = -INFINITY;
     for (int64_t i = threadIdx.x; i < classes; i += blockDim.x)
-      m = MaxNan()(m, xr[i]);
+      m = MaxNan()(m, widen(xr[i]));
     m = blockAllReduce(m, MaxNan());
     float local = 0.f;
     for (int64_t i = threadIdx.x; i < classes; i += blockDim.x)
-      local += fastExp(xr[i] - m);
+      local += fastExp(widen(xr[i]) - m);
     const float sum = blockAllReduce(local, Plus());
     if (threadIdx.x == 0)
       rowLoss[row] =
-          static_cast<Out>(double(m) + log(double(sum)) - xr[target]);
+          static_cast<Out>(double(m) + log(double(sum)) - widen(xr[target]));
   }
 }
 
@@ -1480,12 +1535,13 @@ struct SavedRowLoss {
 };
 
 /// A row's negative log-likelihood.
-template <typename Idx> struct NllRowLoss {
-  const float *input;
+template <typename Idx, typename T> struct NllRowLoss {
+  const T *input;
   const Idx *targets;
   int64_t classes;
   __device__ double operator()(int64_t row) const {
-    return -double(input[row * classes + checkedTarget(targets[row], classes)]);
+    return -double(
+        widen(input[row * classes + checkedTarget(targets[row], classes)]));
   }
 };
 
@@ -1510,11 +1566,11 @@ __global__ void sumLossKernel(float *loss, RowLoss rowLoss, const Idx *targets,
 }
 
 /// nllLoss with Reduction::None: a thread per row.
-template <typename Idx>
-__global__ void nllRowsKernel(float *loss, const float *input,
-                              const Idx *targets, int64_t rows, int64_t classes,
-                              bool hasIgnore, int64_t ignoreIndex) {
-  NllRowLoss<Idx> rowLoss{input, targets, classes};
+template <typename Idx, typename T>
+__global__ void nllRowsKernel(float *loss, const T *input, const Idx *targets,
+                              int64_t rows, int64_t classes, bool hasIgnore,
+                              int64_t ignoreIndex) {
+  NllRowLoss<Idx, T> rowLoss{input, targets, classes};
   for (int64_t row = globalThread(); row < rows; row += gridThreads())
     loss[row] = isIgnored(targets[row], hasIgnore, ignoreIndex)
                     ? 0.f
@@ -1557,60 +1613,59 @@ RowGrad rowGradFor(const float *dloss, const Idx *targets, int64_t rows,
 }
 
 /// dlogits = g·softmax(logits) - g·onehot(target) per row (zero for ignored
-/// rows), g the row's incoming gradient: a block per row.
-template <typename Idx>
-__global__ void crossEntropyGradKernel(float *dlogits, const float *logits,
+/// rows), g the row's incoming gradient: a block per row. Each element is
+/// e^(x - max)·(g / Σ), its exponential computed again rather than stored and
+/// reloaded; the product is rounded before g is subtracted at the target
+/// (__fmul_rn: no fused multiply-add), as the CPU's two passes do.
+template <typename Idx, typename T>
+__global__ void crossEntropyGradKernel(T *dlogits, const T *logits,
                                        const Idx *targets, RowGrad grad,
                                        int64_t rows, int64_t classes,
                                        bool hasIgnore, int64_t ignoreIndex) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    float *dr = dlogits + row * classes;
+    T *dr = dlogits + row * classes;
     if (isIgnored(targets[row], hasIgnore, ignoreIndex)) {
       for (int64_t i = threadIdx.x; i < classes; i += blockDim.x)
-        dr[i] = 0.f;
+        dr[i] = static_cast<T>(0.f);
       continue;
     }
     const int64_t target = checkedTarget(targets[row], classes);
-    const float *xr = logits + row * classes;
+    const T *xr = logits + row * classes;
     const float g = grad.of(row);
     float m = -INFINITY;
     for (int64_t i = threadIdx.x; i < classes; i += blockDim.x)
-      m = MaxNan()(m, xr[i]);
+      m = MaxNan()(m, widen(xr[i]));
     m = blockAllReduce(m, MaxNan());
     float local = 0.f;
-    for (int64_t i = threadIdx.x; i < classes; i += blockDim.x) {
-      float e = fastExp(xr[i] - m);
-      dr[i] = e;
-      local += e;
-    }
-    const float factor = g / blockAllReduce(local, Plus());
     for (int64_t i = threadIdx.x; i < classes; i += blockDim.x)
-      dr[i] *= factor;
-    __syncthreads(); // dr[target] was scaled by whichever thread owns it
-    if (threadIdx.x == 0)
-      dr[target] -= g;
+      local += fastExp(widen(xr[i]) - m);
+    const float factor = g / blockAllReduce(local, Plus());
+    for (int64_t i = threadIdx.x; i < classes; i += blockDim.x) {
+      const float p = __fmul_rn(fastExp(widen(xr[i]) - m), factor);
+      dr[i] = static_cast<T>(i == target ? p - g : p);
+    }
   }
 }
 
 /// dinput = -g at each row's target, 0 elsewhere: a thread per element.
-template <typename Idx>
-__global__ void nllLossGradKernel(float *dinput, const Idx *targets,
-                                  RowGrad grad, int64_t rows, int64_t classes,
-                                  bool hasIgnore, int64_t ignoreIndex) {
+template <typename Idx, typename T>
+__global__ void nllLossGradKernel(T *dinput, const Idx *targets, RowGrad grad,
+                                  int64_t rows, int64_t classes, bool hasIgnore,
+                                  int64_t ignoreIndex) {
   for (int64_t e = globalThread(); e < rows * classes; e += gridThreads()) {
     const int64_t row = e / classes, col = e - row * classes;
     const Idx target = targets[row];
-    dinput[e] = !isIgnored(target, hasIgnore, ignoreIndex) &&
-                        checkedTarget(target, classes) == col
-                    ? -grad.of(row)
-                    : 0.f;
+    dinput[e] = static_cast<T>(!isIgnored(target, hasIgnore, ignoreIndex) &&
+                                       checkedTarget(target, classes) == col
+                                   ? -grad.of(row)
+                                   : 0.f);
   }
 }
 
 } // namespace
 
-template <typename Idx>
-void crossEntropy(float *loss, const float *logits, const Idx *targets,
+template <typename Idx, typename T>
+void crossEntropy(float *loss, const T *logits, const Idx *targets,
                   int64_t rows, int64_t classes, bool hasIgnore,
                   int64_t ignoreIndex, Reduction r) {
   const LaunchConfig launch = rowsFor(rows);
@@ -1633,8 +1688,8 @@ void crossEntropy(float *loss, const float *logits, const Idx *targets,
   checkLaunch();
 }
 
-template <typename Idx>
-void crossEntropyGrad(float *dlogits, const float *logits, const Idx *targets,
+template <typename Idx, typename T>
+void crossEntropyGrad(T *dlogits, const T *logits, const Idx *targets,
                       const float *dloss, int64_t rows, int64_t classes,
                       bool hasIgnore, int64_t ignoreIndex, Reduction r) {
   if (rows == 0 || classes == 0)
@@ -1648,8 +1703,8 @@ void crossEntropyGrad(float *dlogits, const float *logits, const Idx *targets,
   checkLaunch();
 }
 
-template <typename Idx>
-void nllLoss(float *loss, const float *input, const Idx *targets, int64_t rows,
+template <typename Idx, typename T>
+void nllLoss(float *loss, const T *input, const Idx *targets, int64_t rows,
              int64_t classes, bool hasIgnore, int64_t ignoreIndex,
              Reduction r) {
   if (r == Reduction::None) {
@@ -1661,13 +1716,13 @@ void nllLoss(float *loss, const float *input, const Idx *targets, int64_t rows,
     return checkLaunch();
   }
   sumLossKernel<<<1, kSingleBlockThreads, 0, stream()>>>(
-      loss, NllRowLoss<Idx>{input, targets, classes}, targets, rows, hasIgnore,
-      ignoreIndex, r == Reduction::Mean);
+      loss, NllRowLoss<Idx, T>{input, targets, classes}, targets, rows,
+      hasIgnore, ignoreIndex, r == Reduction::Mean);
   checkLaunch();
 }
 
-template <typename Idx>
-void nllLossGrad(float *dinput, const Idx *targets, const float *dloss,
+template <typename Idx, typename T>
+void nllLossGrad(T *dinput, const Idx *targets, const float *dloss,
                  int64_t rows, int64_t classes, bool hasIgnore,
                  int64_t ignoreIndex, Reduction r) {
   if (rows == 0 || classes == 0)
@@ -1686,5 +1741,69 @@ void nllLossGrad(float *dinput, const Idx *targets, const float *dloss,
 //===----------------------------------------------------------------------===//
 
 #include "runtime/KernelInstantiations.inc"
+
+// What only the CUDA library has: the kernels above that the CPU library has
+// in float alone, in float and bf16, and the bf16 versions of the shared
+// templates (the CPU library has no bf16).
+
+#define FASTLLM_FLOATING_KERNELS(T)                                            \
+  template void matmul<T>(T *, const T *, const T *, int, const int64_t *,     \
+                          const int64_t *, const int64_t *, int64_t, int64_t,  \
+                          int64_t, bool, bool);                                \
+  template void softmax<T>(T *, const T *, int64_t, int64_t, int64_t, bool);   \
+  template void softmaxGrad<T>(T *, const T *, const T *, int64_t, int64_t,    \
+                               int64_t, bool);                                 \
+  template void layerNorm<T>(T *, const T *, const T *, const T *, int64_t,    \
+                             int64_t, float);                                  \
+  template void layerNormGrad<T>(T *, T *, T *, const T *, const T *,          \
+                                 const T *, int64_t, int64_t, float);          \
+  template void rmsNorm<T>(T *, const T *, const T *, int64_t, int64_t,        \
+                           float);                                             \
+  template void rmsNormGrad<T>(T *, T *, const T *, const T *, const T *,      \
+                               int64_t, int64_t, float);                       \
+  template void causalAttention<T>(T *, float *, const T *, const T *,         \
+                                   const T *, int64_t, int64_t, int64_t,       \
+                                   int64_t, float);                            \
+  template void causalAttentionGrad<T>(                                        \
+      T *, T *, T *, const T *, const T *, const T *, const T *,               \
+      const float *, const T *, int64_t, int64_t, int64_t, int64_t, float);
+FASTLLM_FLOATING_KERNELS(float)
+FASTLLM_FLOATING_KERNELS(__nv_bfloat16)
+#undef FASTLLM_FLOATING_KERNELS
+
+using bf16 = __nv_bfloat16;
+
+template void transpose<bf16>(bf16 *, const bf16 *, int, const int64_t *,
+                              const int64_t *);
+template void slice<bf16>(bf16 *, const bf16 *, int, const int64_t *,
+                          const int64_t *, const int64_t *, const int64_t *);
+template void sliceGrad<bf16>(bf16 *, const bf16 *, int, const int64_t *,
+                              const int64_t *, const int64_t *,
+                              const int64_t *);
+template void concat<bf16>(bf16 *, int, const bf16 *const *, const int64_t *,
+                           int64_t, int64_t);
+template void reduce<bf16>(bf16 *, const bf16 *, int, const int64_t *,
+                           const bool *, ReduceKind);
+
+#define FASTLLM_BF16_INDEXED(Idx)                                              \
+  template void gather<bf16, Idx>(bf16 *, const bf16 *, const Idx *, int64_t,  \
+                                  int64_t, int64_t, int64_t);                  \
+  template void gatherGrad<bf16, Idx>(bf16 *, const bf16 *, const Idx *,       \
+                                      int64_t, int64_t, int64_t, int64_t);     \
+  template void crossEntropy<Idx, bf16>(float *, const bf16 *, const Idx *,    \
+                                        int64_t, int64_t, bool, int64_t,       \
+                                        Reduction);                            \
+  template void crossEntropyGrad<Idx, bf16>(bf16 *, const bf16 *, const Idx *, \
+                                            const float *, int64_t, int64_t,   \
+                                            bool, int64_t, Reduction);         \
+  template void nllLoss<Idx, bf16>(float *, const bf16 *, const Idx *,         \
+                                   int64_t, int64_t, bool, int64_t,            \
+                                   Reduction);                                 \
+  template void nllLossGrad<Idx, bf16>(bf16 *, const Idx *, const float *,     \
+                                       int64_t, int64_t, bool, int64_t,        \
+                                       Reduction);
+FASTLLM_BF16_INDEXED(int32_t)
+FASTLLM_BF16_INDEXED(int64_t)
+#undef FASTLLM_BF16_INDEXED
 
 } // namespace fastllm::rt::cuda

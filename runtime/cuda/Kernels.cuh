@@ -19,6 +19,16 @@
 // floating-point atomics): a result depends on the shapes and the GPU only.
 // gatherGrad adds repeated indices in index order, exactly as the CPU does.
 //
+// For mixed-precision steps the floating kernels (matmul, softmax, the
+// norms, attention, the losses), reduce, the data movement, fill, copy and
+// addInto also take T = __nv_bfloat16. bf16 is a storage type: a kernel
+// loads each bf16 as a float, computes exactly as its float version does (in
+// float, or double where that uses double) and rounds once, when it stores a
+// T. What a signature spells float (losses, incoming loss gradients,
+// attention's lse, eps, scale) stays float for both. Generated code passes
+// __nv_bfloat16 pointers where it passes float pointers, with the same call
+// text: T is deduced from the pointers.
+//
 // A few kernels need a small temporary (per-row statistics, per-row losses):
 // they take it from the stream-ordered allocator (cudaMallocAsync) and give
 // it back on the same stream. No kernel materialises the t x t attention
@@ -29,7 +39,8 @@
 //
 // Templates that take a caller's functor (elementwise) and the trivial ones
 // live here; the rest are defined in Kernels.cu and explicitly instantiated
-// for the element types listed beside each declaration (the CPU library's).
+// for the element types listed beside each declaration (the CPU library's,
+// plus __nv_bfloat16).
 //
 //===----------------------------------------------------------------------===//
 
@@ -37,6 +48,13 @@
 #define FASTLLM_RUNTIME_CUDA_KERNELS_CUH
 
 #include <cuda_runtime.h>
+
+// cuda_bf16.h defines static host functions that a file need not call: no
+// -Wunused-function about them in files that include this header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include <cuda_bf16.h>
+#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <cassert>
@@ -46,6 +64,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace fastllm::rt::cuda {
@@ -209,6 +228,31 @@ __host__ __device__ inline float geluGrad(float x, float g, bool tanhApprox) {
 }
 
 //===----------------------------------------------------------------------===//
+// Element types
+//===----------------------------------------------------------------------===//
+
+namespace detail {
+
+/// The type a kernel computes in for elements of type T: float for
+/// __nv_bfloat16, T itself for the rest.
+template <typename T> struct ComputeTypeOf { using type = T; };
+template <> struct ComputeTypeOf<__nv_bfloat16> { using type = float; };
+template <typename T> using ComputeType = typename ComputeTypeOf<T>::type;
+
+/// x converted to the type it is computed in; a no-op but for bf16.
+template <typename T> __host__ __device__ ComputeType<T> widen(T x) {
+  return static_cast<ComputeType<T>>(x);
+}
+
+/// T, in a parameter that takes no part in deducing T (std::type_identity_t
+/// of C++20): a `nullptr` or a float literal there converts to the T the
+/// other arguments give.
+template <typename T> struct TypeIdentity { using type = T; };
+template <typename T> using NoDeduce = typename TypeIdentity<T>::type;
+
+} // namespace detail
+
+//===----------------------------------------------------------------------===//
 // Launch shapes and kernel parameters (pure host logic, tested on the host)
 //===----------------------------------------------------------------------===//
 
@@ -327,6 +371,14 @@ struct MatmulPlan {
   StridedIndex aFirst, bFirst;
 };
 
+/// The cuBLAS data type of matmul's A, B and C for element type T. Both
+/// multiply with fp32 accumulation (CUBLAS_COMPUTE_32F).
+template <typename T> constexpr cudaDataType_t gemmDataType() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, __nv_bfloat16>,
+                "matmul multiplies float or __nv_bfloat16 matrices");
+  return std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_16BF;
+}
+
 /// Plans matmul's batch; the batch, m, n and k are not empty.
 MatmulPlan planMatmul(int batchRank, const int64_t *batchShape,
                       const int64_t *aBatchStrides,
@@ -426,10 +478,13 @@ template <typename T> __global__ void fillKernel(T *out, int64_t n, T value) {
     out[i] = value;
 }
 
-template <typename T>
-__global__ void addIntoKernel(T *acc, const T *x, int64_t n) {
+/// acc[i] += x[i], see addInto.
+template <typename T, typename U>
+__global__ void addIntoKernel(T *acc, const U *x, int64_t n) {
+  using Sum = std::common_type_t<ComputeType<T>, ComputeType<U>>;
   for (int64_t i = globalThread(); i < n; i += gridThreads())
-    acc[i] += x[i];
+    acc[i] = static_cast<T>(static_cast<Sum>(widen(acc[i])) +
+                            static_cast<Sum>(widen(x[i])));
 }
 
 } // namespace detail
@@ -478,10 +533,13 @@ void elementwise(Out *out, int rank, const int64_t *shape, F f, In<T>... ins) {
 /// a + Σ idx·aBatchStrides and is [m, k] ([k, m] when transA), row-major;
 /// likewise B is [k, n] ([n, k] when transB). A zero batch stride broadcasts.
 ///
-/// cuBLAS in fp32 with fp32 compute (CUBLAS_COMPUTE_32F, never TF32) on one
-/// process-wide handle bound to stream(): one strided-batched GEMM per index
-/// of the batch dims that do not collapse into one (usually a single call).
-void matmul(float *c, const float *a, const float *b, int batchRank,
+/// cuBLAS on one process-wide handle bound to stream(): one strided-batched
+/// GEMM per index of the batch dims that do not collapse into one (usually a
+/// single call). T is float or __nv_bfloat16, and both accumulate in fp32
+/// (CUBLAS_COMPUTE_32F): float products are full fp32 (never TF32); bf16
+/// products run on tensor cores, and C is rounded to bf16 once.
+template <typename T>
+void matmul(T *c, const T *a, const T *b, int batchRank,
             const int64_t *batchShape, const int64_t *aBatchStrides,
             const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
             bool transA, bool transB);
@@ -490,8 +548,8 @@ void matmul(float *c, const float *a, const float *b, int batchRank,
 // Data movement
 //===----------------------------------------------------------------------===//
 //
-// Defined for T in float, double, bool, int8_t, uint8_t, int16_t, uint16_t,
-// int32_t and int64_t; Idx in int32_t and int64_t.
+// Defined for T in float, double, __nv_bfloat16, bool, int8_t, uint8_t,
+// int16_t, uint16_t, int32_t and int64_t; Idx in int32_t and int64_t.
 
 /// out dim i = in dim perm[i]. Moving the last dim copies 32 x 32 tiles
 /// through shared memory, so that reads and writes are both coalesced.
@@ -526,12 +584,14 @@ void gather(T *out, const T *in, const Idx *idx, int64_t outer, int64_t dimSize,
 
 /// The gradient of gather: din = 0, then din[o][idx[j]][i] += dout[o][j][i],
 /// adding repeated indices in order of j (no atomics: each element of din is
-/// owned by one thread). T is float or double.
+/// owned by one thread). T is float, double or __nv_bfloat16; bf16 sums in
+/// float (a float temporary of din's size) and rounds each element once.
 template <typename T, typename Idx>
 void gatherGrad(T *din, const T *dout, const Idx *idx, int64_t outer,
                 int64_t dimSize, int64_t numIdx, int64_t inner);
 
-template <typename T> void fill(T *out, int64_t n, T value) {
+/// out[i] = value; `value` converts to T (`fill(bf16Buffer, n, 0.0f)`).
+template <typename T> void fill(T *out, int64_t n, detail::NoDeduce<T> value) {
   if (n <= 0)
     return;
   detail::LaunchConfig launch = detail::gridFor(n);
@@ -548,8 +608,10 @@ template <typename T> void copy(T *out, const T *in, int64_t n) {
                                      cudaMemcpyDefault, stream()));
 }
 
-/// acc += x; accumulates parameter gradients.
-template <typename T> void addInto(T *acc, const T *x, int64_t n) {
+/// acc += x; accumulates parameter gradients. x may have another element
+/// type than acc (a bf16 gradient into a float one): the sum is taken in the
+/// wider of their compute types (float for bf16) and rounded once to acc's.
+template <typename T, typename U> void addInto(T *acc, const U *x, int64_t n) {
   if (n <= 0)
     return;
   detail::LaunchConfig launch = detail::gridFor(n);
@@ -563,7 +625,8 @@ template <typename T> void addInto(T *acc, const T *x, int64_t n) {
 //===----------------------------------------------------------------------===//
 //
 // A kernel that reduces a row gives the row to one block, which combines its
-// threads' partial results with warp shuffles in a fixed order.
+// threads' partial results with warp shuffles in a fixed order. Softmax and
+// the norms take T = float or __nv_bfloat16 for every tensor.
 
 enum class ReduceKind { Sum, Mean, Max };
 
@@ -571,7 +634,7 @@ enum class ReduceKind { Sum, Mean, Max };
 /// order (keepdims or not, the memory is the same). Floats accumulate sums
 /// in double, integers in int64_t; Max propagates NaN. Reducing an empty dim
 /// gives 0 (Sum), NaN (Mean) or the lowest value (Max). T is float, double,
-/// int32_t or int64_t.
+/// __nv_bfloat16, int32_t or int64_t.
 ///
 /// Launch: a block per output when the contiguous dim is reduced; else a
 /// block per 32 consecutive outputs, 16 threads summing each.
@@ -583,43 +646,51 @@ void reduce(T *out, const T *in, int rank, const int64_t *shape,
 /// of -inf get probability 0; a slice that is all -inf gives NaN, as in
 /// PyTorch. Launch: a block per row when inner is 1, else a thread per
 /// column (o, i) walking n.
-void softmax(float *y, const float *x, int64_t outer, int64_t n, int64_t inner,
+template <typename T>
+void softmax(T *y, const T *x, int64_t outer, int64_t n, int64_t inner,
              bool log);
 
 /// Given y = softmax(x) (or log_softmax(x)) and dy, dx = y·(dy - Σ dy·y)
 /// (or dy - e^y·Σ dy), the sums in double. Launch as softmax.
-void softmaxGrad(float *dx, const float *y, const float *dy, int64_t outer,
-                 int64_t n, int64_t inner, bool log);
+template <typename T>
+void softmaxGrad(T *dx, const T *y, const T *dy, int64_t outer, int64_t n,
+                 int64_t inner, bool log);
 
 /// y = (x - mean)/√(var + eps)·scale + bias over rows of `cols`, with the
 /// biased variance as in PyTorch; bias may be null. Launch: a block per row;
 /// Σx and Σx² in double.
-void layerNorm(float *y, const float *x, const float *scale, const float *bias,
-               int64_t rows, int64_t cols, float eps);
+template <typename T>
+void layerNorm(T *y, const T *x, const T *scale,
+               const detail::NoDeduce<T> *bias, int64_t rows, int64_t cols,
+               float eps);
 
 /// The gradient of layerNorm; mean and variance are recomputed from x.
 /// dscale and dbias (nullable) are overwritten with sums over rows. Launch: a
 /// block per row for dx (saving each row's mean and 1/std), then a block per
 /// 32 columns for dscale and dbias, summing in double in a fixed order.
-void layerNormGrad(float *dx, float *dscale, float *dbias, const float *x,
-                   const float *scale, const float *dy, int64_t rows,
-                   int64_t cols, float eps);
+template <typename T>
+void layerNormGrad(T *dx, detail::NoDeduce<T> *dscale,
+                   detail::NoDeduce<T> *dbias, const T *x, const T *scale,
+                   const T *dy, int64_t rows, int64_t cols, float eps);
 
 /// y = x/√(mean(x²) + eps)·scale over rows of `cols`. Launch: a block per row.
-void rmsNorm(float *y, const float *x, const float *scale, int64_t rows,
-             int64_t cols, float eps);
+template <typename T>
+void rmsNorm(T *y, const T *x, const T *scale, int64_t rows, int64_t cols,
+             float eps);
 
 /// The gradient of rmsNorm; dscale (nullable) is overwritten with its sum
 /// over rows. Launch as layerNormGrad.
-void rmsNormGrad(float *dx, float *dscale, const float *x, const float *scale,
-                 const float *dy, int64_t rows, int64_t cols, float eps);
+template <typename T>
+void rmsNormGrad(T *dx, detail::NoDeduce<T> *dscale, const T *x, const T *scale,
+                 const T *dy, int64_t rows, int64_t cols, float eps);
 
 //===----------------------------------------------------------------------===//
 // Attention
 //===----------------------------------------------------------------------===//
 //
-// Fused causal self-attention, flash-attention style in fp32: the same
-// values as the unfused chain
+// Fused causal self-attention, flash-attention style in fp32 (q, k, v, out
+// and their gradients in T = float or __nv_bfloat16, staged as floats in
+// shared memory; lse in float): the same values as the unfused chain
 //   scores = (q @ kᵀ)·scale; scores.masked_fill(j > i, -inf);
 //   p = softmax(scores, -1); out = p @ v
 // and its autograd gradients, computed tile by tile (32 queries x 32 keys)
@@ -635,9 +706,10 @@ void rmsNormGrad(float *dx, float *dscale, const float *x, const float *scale,
 /// for the backward). Launch: a block of 8 warps per 32 query rows, each
 /// warp keeping a running max and sum (online softmax) for 4 rows while it
 /// walks the key tiles up to the diagonal.
-void causalAttention(float *out, float *lse, const float *q, const float *k,
-                     const float *v, int64_t batch, int64_t t, int64_t d,
-                     int64_t dv, float scale);
+template <typename T>
+void causalAttention(T *out, float *lse, const T *q, const T *k, const T *v,
+                     int64_t batch, int64_t t, int64_t d, int64_t dv,
+                     float scale);
 
 /// Gradients of causalAttention: dQ, dK: [batch, t, d], dV: [batch, t, dv]
 /// (overwritten), from q, k, v, the forward's out and lse, and dout. With
@@ -646,10 +718,11 @@ void causalAttention(float *out, float *lse, const float *q, const float *k,
 /// kernel with a block per 32 key rows (dK, dV) walking the query tiles from
 /// the diagonal down, then one with a block per 32 query rows (dQ) walking
 /// the key tiles up to the diagonal; no atomics.
-void causalAttentionGrad(float *dQ, float *dK, float *dV, const float *q,
-                         const float *k, const float *v, const float *out,
-                         const float *lse, const float *dout, int64_t batch,
-                         int64_t t, int64_t d, int64_t dv, float scale);
+template <typename T>
+void causalAttentionGrad(T *dQ, T *dK, T *dV, const T *q, const T *k,
+                         const T *v, const T *out, const float *lse,
+                         const T *dout, int64_t batch, int64_t t, int64_t d,
+                         int64_t dv, float scale);
 
 //===----------------------------------------------------------------------===//
 // Losses
@@ -659,34 +732,37 @@ void causalAttentionGrad(float *dQ, float *dK, float *dV, const float *q,
 // equal to ignoreIndex (when hasIgnore) contributes no loss and no gradient,
 // and Mean divides by the number of other targets, as
 // F.cross_entropy(ignore_index=...) does (NaN when there are none). Loss sums
-// accumulate in double. Idx is int32_t or int64_t. `loss` and `dloss` are
-// device pointers like the rest.
+// accumulate in double. Idx is int32_t or int64_t, and comes first so that
+// generated code names it alone (`crossEntropy<int64_t>(...)`); T, the type
+// of the logits or log-probabilities and of their gradient, is float or
+// __nv_bfloat16 and is deduced. `loss` and `dloss` are float device pointers
+// for either T.
 
 enum class Reduction { None, Sum, Mean };
 
 /// loss is a scalar for Sum and Mean, [rows] for None. Launch: a block per
 /// row, then (Sum, Mean) one block summing the rows' losses.
-template <typename Idx>
-void crossEntropy(float *loss, const float *logits, const Idx *targets,
+template <typename Idx, typename T>
+void crossEntropy(float *loss, const T *logits, const Idx *targets,
                   int64_t rows, int64_t classes, bool hasIgnore,
                   int64_t ignoreIndex, Reduction r);
 
 /// dloss is a scalar for Sum and Mean, [rows] for None. Launch: (Mean) one
 /// block counting the targets, then a block per row.
-template <typename Idx>
-void crossEntropyGrad(float *dlogits, const float *logits, const Idx *targets,
+template <typename Idx, typename T>
+void crossEntropyGrad(T *dlogits, const T *logits, const Idx *targets,
                       const float *dloss, int64_t rows, int64_t classes,
                       bool hasIgnore, int64_t ignoreIndex, Reduction r);
 
 /// Negative log-likelihood of log-probabilities `input`. Launch: a thread
 /// per row (None), or one block summing the rows (Sum, Mean).
-template <typename Idx>
-void nllLoss(float *loss, const float *input, const Idx *targets, int64_t rows,
+template <typename Idx, typename T>
+void nllLoss(float *loss, const T *input, const Idx *targets, int64_t rows,
              int64_t classes, bool hasIgnore, int64_t ignoreIndex, Reduction r);
 
 /// Launch: (Mean) one block counting the targets, then a thread per element.
-template <typename Idx>
-void nllLossGrad(float *dinput, const Idx *targets, const float *dloss,
+template <typename Idx, typename T>
+void nllLossGrad(T *dinput, const Idx *targets, const float *dloss,
                  int64_t rows, int64_t classes, bool hasIgnore,
                  int64_t ignoreIndex, Reduction r);
 

@@ -15,6 +15,11 @@ For the GPT-2- and Llama-style exports (constant folding on):
     reason; the CUDA binary's host side is checked instead (--help, and the
     message a run gives without a GPU).
 
+  - bf16: `--precision bf16` builds too; on a GPU it trains 100 steps and
+    every loss must be within 2e-2 (relative) of PyTorch's with
+    torch.autocast(bfloat16) on the same GPU, when this python has PyTorch
+    with CUDA (else of the CPU target's fp32 run, said so in the line).
+
 Prints PASS/FAIL/SKIP per case and `cuda tests: P passed, F failed, S skipped`.
 """
 import argparse
@@ -45,15 +50,46 @@ def gpu_present():
     return True, out.stdout.strip().splitlines()[0]
 
 
-def compile_model(tool, onnx_path, out, target):
+def compile_model(tool, onnx_path, out, target, precision="fp32"):
     proc = subprocess.run([tool, "compile", onnx_path, "-o", out, "--batch-size", str(BATCH),
-                           "--seq-len", str(SEQ), "--target", target],
+                           "--seq-len", str(SEQ), "--target", target,
+                           "--precision", precision],
                           capture_output=True, text=True)
     return proc.returncode == 0, proc.stderr.strip()[-2000:]
 
 
-def train(binary, data, metrics):
-    proc = subprocess.run([binary, "--data", data, "--steps", str(STEPS), "--lr", "1e-3",
+def torch_cuda_losses(cfg, data, steps):
+    """PyTorch on this GPU with bf16 autocast, or None without CUDA."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return None
+    except ImportError:
+        return None
+    import numpy as np
+    torch.manual_seed(0)
+    model = export_models.build_model(cfg).cuda()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    losses, n = [], len(data)
+    for s in range(steps):
+        offs = [((s * BATCH + i) * SEQ) % (n - SEQ - 1) for i in range(BATCH)]
+        x = torch.tensor(np.stack([data[o:o + SEQ] for o in offs]).astype(np.int64)).cuda()
+        y = torch.tensor(np.stack([data[o + 1:o + SEQ + 1] for o in offs]).astype(np.int64)).cuda()
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x, y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+def train(binary, data, metrics, steps=STEPS):
+    proc = subprocess.run([binary, "--data", data, "--steps", str(steps), "--lr", "1e-3",
                            "--sampler", "sequential", "--metrics", metrics],
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -86,6 +122,10 @@ def main():
         ok, err = compile_model(args.tool, cfg.out, cuda_dir, "cuda")
         report("PASS" if ok else "FAIL", f"{model} --target cuda builds with nvcc",
                "train_step.cu and the train binary" if ok else err)
+        built16, err16 = compile_model(args.tool, cfg.out,
+                                       os.path.join(work, f"{model}-bf16"), "cuda", "bf16")
+        report("PASS" if built16 else "FAIL", f"{model} --target cuda --precision bf16 builds",
+               "bf16 compute, fp32 weights, gradients and loss" if built16 else err16)
         name = f"{model} CUDA fp32 vs CPU, {STEPS} steps"
         if not ok:
             report("FAIL", name, "no CUDA binary")
@@ -104,6 +144,7 @@ def main():
                    else f"--help exit {helped.returncode}, run exit {ran.returncode}: "
                         f"{ran.stderr.strip()[-500:]}")
             report("SKIP", name, reason)
+            report("SKIP", f"{model} CUDA bf16 vs PyTorch autocast, 100 steps", reason)
             continue
         cpu_dir = os.path.join(work, f"{model}-cpu")
         ok, err = compile_model(args.tool, cfg.out, cpu_dir, "cpu")
@@ -118,6 +159,25 @@ def main():
             report("FAIL", name, err if cpu is None else mem)
             continue
         rel = max(abs(a - b) / abs(b) for a, b in zip(gpu, cpu))
+        bf16_dir = os.path.join(work, f"{model}-bf16")
+        bf16_name = f"{model} CUDA bf16 vs PyTorch autocast, 100 steps"
+        if not built16:
+            report("FAIL", bf16_name, "no bf16 CUDA binary")
+        else:
+            ours, _ = train(os.path.join(bf16_dir, "train"), data,
+                            os.path.join(bf16_dir, "m.jsonl"), steps=100)
+            ref = torch_cuda_losses(cfg, token_data(cfg.vocab), 100)
+            against = "PyTorch autocast bf16"
+            if ref is None:
+                against = "the CPU target in fp32 (no PyTorch with CUDA here)"
+                ref, _ = train(os.path.join(cpu_dir, "train"), data,
+                               os.path.join(cpu_dir, "m100.jsonl"), steps=100)
+            if ours is None or ref is None:
+                report("FAIL", bf16_name, "a run failed")
+            else:
+                rel16 = max(abs(a - b) / abs(b) for a, b in zip(ours, ref))
+                report("PASS" if rel16 <= 2e-2 and len(ours) == 100 else "FAIL", bf16_name,
+                       f"max rel loss diff {rel16:.2e} against {against}")
         arena = json.load(open(os.path.join(cuda_dir, "plan.json")))["memory"]["arena_bytes"]
         # The driver hands out memory in 2 MiB pages: small arenas round up.
         mem_ok = abs(mem - arena) <= max(0.02 * arena, 2 * 2**20)

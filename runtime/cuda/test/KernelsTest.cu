@@ -7,9 +7,15 @@
 // attention) of max(|expected|, 1): relative for values above 1, absolute
 // below; data movement and gatherGrad agree exactly.
 //
+// The bf16 kernels run on inputs rounded to bf16 and are compared with the
+// CPU's float kernels on the same rounded inputs (the CPU library has no
+// bf16), within the tolerances kBf16Tol and kBf16LongTol explain; float
+// results of bf16 kernels (losses, lse) within the float tests' tolerances,
+// and bf16 data movement, fill, copy, addInto and gatherGrad exactly.
+//
 // The GPU tests skip themselves, with the reason, where no GPU is visible.
-// The host-side tests at the top need none: the scalar math, and the plans
-// that pack host shapes into kernel parameters.
+// The host-side tests at the top need none: the scalar math, the plans that
+// pack host shapes into kernel parameters, and the element types' choices.
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,6 +23,8 @@
 #include "runtime/cuda/Kernels.cuh"
 
 #include <gtest/gtest.h>
+
+#include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
@@ -34,6 +42,7 @@ namespace {
 namespace rt = fastllm::rt;
 using rt::cuda::detail::AttentionKernel;
 using rt::cuda::detail::attentionSharedBytes;
+using bf16 = __nv_bfloat16;
 
 } // namespace
 
@@ -290,6 +299,24 @@ TEST(CudaKernelsHost, AttentionSharedBytes) {
             (32 * (17 + 17 + 5 + 5) + 256) * sizeof(float));
 }
 
+// Tests the element types' host-side choices: matmul's cuBLAS data type for
+// float and bf16, and that a bf16 kernel computes in float (the others in
+// their own type).
+TEST(CudaKernelsHost, ElementTypes) {
+  using rt::cuda::detail::ComputeType;
+  using rt::cuda::detail::gemmDataType;
+  EXPECT_EQ(gemmDataType<float>(), CUDA_R_32F);
+  EXPECT_EQ(gemmDataType<bf16>(), CUDA_R_16BF);
+  EXPECT_TRUE((std::is_same_v<ComputeType<bf16>, float>));
+  EXPECT_TRUE((std::is_same_v<ComputeType<float>, float>));
+  EXPECT_TRUE((std::is_same_v<ComputeType<double>, double>));
+  EXPECT_TRUE((std::is_same_v<ComputeType<int64_t>, int64_t>));
+  // widen is exact: every bf16 is a float.
+  const bf16 x = __float2bfloat16(-1.375f);
+  EXPECT_EQ(rt::cuda::detail::widen(x), -1.375f);
+  EXPECT_EQ(rt::cuda::detail::widen(2.5f), 2.5f);
+}
+
 //===----------------------------------------------------------------------===//
 // GPU test helpers
 //===----------------------------------------------------------------------===//
@@ -413,6 +440,52 @@ rt::cpu::ReduceKind cpuKind(rt::cuda::ReduceKind k) {
 int64_t product(const std::vector<int64_t> &shape) {
   return std::accumulate(shape.begin(), shape.end(), int64_t(1),
                          std::multiplies<int64_t>());
+}
+
+/// Tolerances of bf16 results against the CPU's float kernel on the same
+/// bf16 inputs, in near()'s units. A bf16 kernel computes in float and
+/// rounds each result once, which moves it by at most 2^-9 of its size; the
+/// float computation itself differs from the CPU's by ~1e-5 (the float
+/// tests' tolerance). kBf16Tol, about 2^-8, is twice the rounding bound.
+/// Matmul and attention sum long products in another order than the CPU
+/// (cuBLAS's tensor-core tiles, attention's tiles) and already differ by
+/// up to 1e-4 in float: kBf16LongTol allows those sums' float differences
+/// on top of the rounding.
+constexpr double kBf16Tol = 4e-3;
+constexpr double kBf16LongTol = 1e-2;
+
+/// Rounds xs to bf16 in place and returns the bf16 values: the CPU's float
+/// kernels then see exactly the inputs of the bf16 kernels.
+std::vector<bf16> roundToBf16(std::vector<float> &xs) {
+  std::vector<bf16> rounded(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    rounded[i] = __float2bfloat16(xs[i]);
+    xs[i] = __bfloat162float(rounded[i]);
+  }
+  return rounded;
+}
+
+/// The values of xs as floats (exact).
+std::vector<float> widened(const std::vector<bf16> &xs) {
+  std::vector<float> out(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i)
+    out[i] = __bfloat162float(xs[i]);
+  return out;
+}
+
+/// xs rounded to bf16, as floats: what a bf16 kernel that computed xs in
+/// float stores.
+std::vector<float> roundedToBf16(std::vector<float> xs) {
+  roundToBf16(xs);
+  return xs;
+}
+
+/// The bits of xs: bf16 data movement is checked against the CPU's uint16_t
+/// kernels, which move the same bits.
+std::vector<uint16_t> bitsOf(const std::vector<bf16> &xs) {
+  std::vector<uint16_t> bits(xs.size());
+  std::memcpy(bits.data(), xs.data(), xs.size() * sizeof(uint16_t));
+  return bits;
 }
 
 //===----------------------------------------------------------------------===//
@@ -580,14 +653,12 @@ int64_t span(const std::vector<int64_t> &batch,
   return last + matrix;
 }
 
-} // namespace
-
-// Tests matmul against the CPU for every transpose combination: no batch, a
-// contiguous batch, an A stack on a shared B, broadcasts on either side,
-// broadcasts that need several cuBLAS calls, batches with gaps, and k = 0.
-TEST_F(CudaKernels, Matmul) {
+/// No batch, a contiguous batch, an A stack on a shared B, broadcasts on
+/// either side, broadcasts that need several cuBLAS calls, batches with
+/// gaps, and k = 0.
+std::vector<MatmulCase> matmulCases() {
   const int64_t m = 13, n = 9, k = 21, mk = m * k, kn = k * n;
-  const std::vector<MatmulCase> cases = {
+  return {
       {"plain", {}, {}, {}, m, n, k},
       {"large", {}, {}, {}, 67, 45, 129},
       {"batched", {4}, {mk}, {kn}, m, n, k},
@@ -598,7 +669,13 @@ TEST_F(CudaKernels, Matmul) {
       {"gaps", {3}, {2 * mk + 5}, {kn + 3}, m, n, k},
       {"k = 0", {2}, {0}, {0}, m, n, 0},
   };
-  for (const MatmulCase &c : cases)
+}
+
+/// Runs matmul on T = float or bf16 for every case and transpose
+/// combination, and compares with the CPU's float matmul on the same inputs
+/// (rounded to bf16 for bf16).
+template <typename T> void checkMatmul(double tol) {
+  for (const MatmulCase &c : matmulCases())
     for (bool transA : {false, true})
       for (bool transB : {false, true}) {
         SCOPED_TRACE(::testing::Message()
@@ -607,17 +684,36 @@ TEST_F(CudaKernels, Matmul) {
         auto a = randomReals(span(c.batch, c.aStrides, c.m * c.k));
         auto b = randomReals(span(c.batch, c.bStrides, c.k * c.n));
         const int64_t cSize = product(c.batch) * c.m * c.n;
-        DeviceArray<float> da(a), db(b), dc(cSize);
-        rt::cuda::matmul(dc.get(), da.get(), db.get(), batchRank,
-                         c.batch.data(), c.aStrides.data(), c.bStrides.data(),
-                         c.m, c.n, c.k, transA, transB);
+        std::vector<float> got;
+        if constexpr (std::is_same_v<T, bf16>) {
+          DeviceArray<bf16> da(roundToBf16(a)), db(roundToBf16(b)), dc(cSize);
+          rt::cuda::matmul(dc.get(), da.get(), db.get(), batchRank,
+                           c.batch.data(), c.aStrides.data(), c.bStrides.data(),
+                           c.m, c.n, c.k, transA, transB);
+          got = widened(dc.download());
+        } else {
+          DeviceArray<float> da(a), db(b), dc(cSize);
+          rt::cuda::matmul(dc.get(), da.get(), db.get(), batchRank,
+                           c.batch.data(), c.aStrides.data(), c.bStrides.data(),
+                           c.m, c.n, c.k, transA, transB);
+          got = dc.download();
+        }
         std::vector<float> want(cSize);
         rt::cpu::matmul(want.data(), a.data(), b.data(), batchRank,
                         c.batch.data(), c.aStrides.data(), c.bStrides.data(),
                         c.m, c.n, c.k, transA, transB);
-        EXPECT_TRUE(near(dc.download(), want, 1e-4));
+        EXPECT_TRUE(near(got, want, tol));
       }
 }
+
+} // namespace
+
+// Tests matmul against the CPU for every transpose combination and every
+// batch layout of matmulCases.
+TEST_F(CudaKernels, Matmul) { checkMatmul<float>(1e-4); }
+
+// Tests the bf16 matmul (bf16 A, B and C, fp32 accumulation) the same way.
+TEST_F(CudaKernels, Bf16Matmul) { checkMatmul<bf16>(kBf16LongTol); }
 
 //===----------------------------------------------------------------------===//
 // Data movement
@@ -1041,4 +1137,430 @@ TEST_F(CudaKernels, LossesAllIgnored) {
                              ddloss.get(), rows, classes, true, -1,
                              rt::cuda::Reduction::Mean);
   EXPECT_EQ(grad.download(), std::vector<float>(rows * classes, 0.f));
+}
+
+//===----------------------------------------------------------------------===//
+// bf16
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+// Functors as the emitter writes them for bf16 tensors: operands and result
+// in the element type, float math taking bf16 through its conversions.
+struct AddBf16 {
+  __host__ __device__ bf16 operator()(bf16 x0, bf16 x1) const {
+    return x0 + x1;
+  }
+};
+struct GeluBf16 {
+  __host__ __device__ bf16 operator()(bf16 x0) const {
+    return rt::cuda::gelu(x0, false);
+  }
+};
+struct GeluCpu {
+  float operator()(float x0) const { return rt::cpu::gelu(x0, false); }
+};
+struct Bf16ToFloat {
+  __host__ __device__ float operator()(bf16 x0) const {
+    return static_cast<float>(x0);
+  }
+};
+struct FloatToBf16 {
+  __host__ __device__ bf16 operator()(float x0) const {
+    return static_cast<bf16>(x0);
+  }
+};
+
+} // namespace
+
+// Tests elementwise on bf16: a broadcast add and a GELU on bf16 operands,
+// a float functor (Add) on bf16 operands with a bf16 result, and the two
+// casts, which are exact (bf16 to float) and round to nearest even (float to
+// bf16) as the host does.
+TEST_F(CudaKernels, Bf16Elementwise) {
+  const int64_t shape[] = {2, 3, 4}, sa[] = {12, 4, 1}, sb[] = {0, 1, 0};
+  auto a = randomReals(24, -3, 3), b = randomReals(3);
+  DeviceArray<bf16> da(roundToBf16(a)), db(roundToBf16(b)), sum(24),
+      floatSum(24), act(24);
+  rt::cuda::elementwise(sum.get(), 3, shape, AddBf16{},
+                        rt::cuda::In<bf16>{da.get(), sa},
+                        rt::cuda::In<bf16>{db.get(), sb});
+  rt::cuda::elementwise(floatSum.get(), 3, shape, Add{},
+                        rt::cuda::In<bf16>{da.get(), sa},
+                        rt::cuda::In<bf16>{db.get(), sb});
+  std::vector<float> want(24);
+  rt::cpu::elementwise(want.data(), 3, shape, Add{},
+                       rt::cpu::In<float>{a.data(), sa},
+                       rt::cpu::In<float>{b.data(), sb});
+  EXPECT_TRUE(near(widened(sum.download()), want, kBf16Tol));
+  EXPECT_EQ(widened(floatSum.download()), roundedToBf16(want));
+
+  rt::cuda::elementwise(act.get(), 3, shape, GeluBf16{},
+                        rt::cuda::In<bf16>{da.get(), sa});
+  rt::cpu::elementwise(want.data(), 3, shape, GeluCpu{},
+                       rt::cpu::In<float>{a.data(), sa});
+  EXPECT_TRUE(near(widened(act.download()), want, kBf16Tol));
+
+  DeviceArray<float> wide(24);
+  rt::cuda::elementwise(wide.get(), 3, shape, Bf16ToFloat{},
+                        rt::cuda::In<bf16>{da.get(), sa});
+  EXPECT_EQ(wide.download(), a);
+  auto f = randomReals(24);
+  DeviceArray<float> df(f);
+  DeviceArray<bf16> narrow(24);
+  rt::cuda::elementwise(narrow.get(), 3, shape, FloatToBf16{},
+                        rt::cuda::In<float>{df.get(), sa});
+  EXPECT_EQ(widened(narrow.download()), roundedToBf16(f));
+}
+
+// Tests bf16 transpose (tiled and by rows), slice, sliceGrad, concat and
+// gather (both index types), called as generated code calls them, against
+// the CPU's uint16_t kernels on the same bits.
+TEST_F(CudaKernels, Bf16DataMovement) {
+  auto values = randomReals(4 * 6 * 5, -4, 4);
+  const std::vector<bf16> x = roundToBf16(values);
+  const std::vector<uint16_t> bits = bitsOf(x);
+  DeviceArray<bf16> dx(x);
+
+  const int64_t shape[] = {4, 6, 5}, tiled[] = {2, 0, 1}, rows[] = {1, 0, 2};
+  for (const int64_t *perm : {tiled, rows}) {
+    DeviceArray<bf16> out(120);
+    rt::cuda::transpose<bf16>(out.get(), dx.get(), 3, shape, perm);
+    std::vector<uint16_t> want(120);
+    rt::cpu::transpose(want.data(), bits.data(), 3, shape, perm);
+    EXPECT_EQ(bitsOf(out.download()), want);
+  }
+
+  const int64_t start[] = {1, 5, 0}, stride[] = {2, -2, 1}, small[] = {2, 3, 5};
+  DeviceArray<bf16> sliced(30), grad(120);
+  rt::cuda::slice(sliced.get(), dx.get(), 3, shape, start, stride, small);
+  std::vector<uint16_t> wantSliced(30), wantGrad(120);
+  rt::cpu::slice(wantSliced.data(), bits.data(), 3, shape, start, stride,
+                 small);
+  EXPECT_EQ(bitsOf(sliced.download()), wantSliced);
+  rt::cuda::sliceGrad(grad.get(), sliced.get(), 3, shape, start, stride, small);
+  rt::cpu::sliceGrad(wantGrad.data(), wantSliced.data(), 3, shape, start,
+                     stride, small);
+  EXPECT_EQ(bitsOf(grad.download()), wantGrad);
+
+  // [4, 6, 5] and [4, 6, 5] along the middle dim.
+  const int64_t sizes[] = {6, 6};
+  const bf16 *ins[] = {dx.get(), grad.get()};
+  DeviceArray<bf16> joined(240);
+  rt::cuda::concat(joined.get(), 2, ins, sizes, 4, 5);
+  const uint16_t *hostIns[] = {bits.data(), wantGrad.data()};
+  std::vector<uint16_t> wantJoined(240);
+  rt::cpu::concat(wantJoined.data(), 2, hostIns, sizes, 4, 5);
+  EXPECT_EQ(bitsOf(joined.download()), wantJoined);
+
+  std::vector<int64_t> idx = {0, -1, 3, 3, -5};
+  auto idx32 = randomInts<int32_t>(7, 0, 5);
+  DeviceArray<int64_t> didx(idx);
+  DeviceArray<int32_t> didx32(idx32);
+  DeviceArray<bf16> gathered(4 * 5 * 5), gathered32(4 * 7 * 5);
+  rt::cuda::gather<bf16, int64_t>(gathered.get(), dx.get(), didx.get(), 4, 6, 5,
+                                  5);
+  rt::cuda::gather<bf16, int32_t>(gathered32.get(), dx.get(), didx32.get(), 4,
+                                  6, 7, 5);
+  std::vector<uint16_t> wantGathered(4 * 5 * 5), wantGathered32(4 * 7 * 5);
+  rt::cpu::gather(wantGathered.data(), bits.data(), idx.data(), 4, 6, 5, 5);
+  rt::cpu::gather(wantGathered32.data(), bits.data(), idx32.data(), 4, 6, 7, 5);
+  EXPECT_EQ(bitsOf(gathered.download()), wantGathered);
+  EXPECT_EQ(bitsOf(gathered32.download()), wantGathered32);
+}
+
+// Tests that the bf16 gatherGrad sums in float in the CPU's order and rounds
+// once: exactly the CPU's float gradient, rounded to bf16.
+TEST_F(CudaKernels, Bf16GatherGrad) {
+  std::vector<int64_t> idx = {1, 1, 4, 1, 0, -1, 2};
+  auto dout = randomReals(2 * 7 * 33);
+  DeviceArray<bf16> ddout(roundToBf16(dout)), ddin(2 * 6 * 33);
+  DeviceArray<int64_t> didx(idx);
+  rt::cuda::gatherGrad<bf16, int64_t>(ddin.get(), ddout.get(), didx.get(), 2, 6,
+                                      7, 33);
+  std::vector<float> want(2 * 6 * 33);
+  rt::cpu::gatherGrad(want.data(), dout.data(), idx.data(), 2, 6, 7, 33);
+  EXPECT_EQ(widened(ddin.download()), roundedToBf16(want));
+
+  auto idx32 = randomInts<int32_t>(300, 0, 49);
+  auto dout32 = randomReals(300 * 16);
+  DeviceArray<int32_t> didx32(idx32);
+  DeviceArray<bf16> ddout32(roundToBf16(dout32)), ddin32(50 * 16);
+  rt::cuda::gatherGrad<bf16, int32_t>(ddin32.get(), ddout32.get(), didx32.get(),
+                                      1, 50, 300, 16);
+  std::vector<float> want32(50 * 16);
+  rt::cpu::gatherGrad(want32.data(), dout32.data(), idx32.data(), 1, 50, 300,
+                      16);
+  EXPECT_EQ(widened(ddin32.download()), roundedToBf16(want32));
+}
+
+// Tests fill with a float literal, copy and addInto on bf16 (the sum in
+// float, rounded once), and addInto of a bf16 gradient into a float one.
+TEST_F(CudaKernels, Bf16FillCopyAddInto) {
+  auto a = randomReals(1001), b = randomReals(1001), acc = randomReals(1001);
+  DeviceArray<bf16> da(roundToBf16(a)), db(roundToBf16(b)), dcopy(1001);
+  rt::cuda::fill(dcopy.get(), 1001, 2.5f);
+  EXPECT_EQ(widened(dcopy.download()), std::vector<float>(1001, 2.5f));
+  rt::cuda::copy(dcopy.get(), da.get(), 1001);
+  EXPECT_EQ(widened(dcopy.download()), a);
+
+  rt::cuda::addInto(da.get(), db.get(), 1001);
+  std::vector<float> want(1001);
+  for (int i = 0; i < 1001; ++i)
+    want[i] = a[i] + b[i];
+  EXPECT_EQ(widened(da.download()), roundedToBf16(want));
+
+  DeviceArray<float> dacc(acc);
+  rt::cuda::addInto(dacc.get(), db.get(), 1001);
+  for (int i = 0; i < 1001; ++i)
+    want[i] = acc[i] + b[i];
+  EXPECT_EQ(dacc.download(), want);
+}
+
+// Tests reduce<bf16> over every subset of dims, each kind (sums in double,
+// rounded once; Max exact), and empty dims (0, NaN, -inf as for float).
+TEST_F(CudaKernels, Bf16Reduce) {
+  using Kind = rt::cuda::ReduceKind;
+  auto check = [](const std::vector<int64_t> &shape,
+                  const std::vector<bool> &reducedDims, Kind kind,
+                  std::vector<float> in) {
+    SCOPED_TRACE(::testing::Message() << "kind " << int(kind) << " dims "
+                                      << ::testing::PrintToString(reducedDims));
+    const int rank = int(shape.size());
+    std::unique_ptr<bool[]> reduced(new bool[rank]);
+    int64_t kept = 1;
+    for (int d = 0; d < rank; ++d) {
+      reduced[d] = reducedDims[d];
+      kept *= reducedDims[d] ? 1 : shape[d];
+    }
+    DeviceArray<bf16> din(roundToBf16(in)), dout(kept);
+    rt::cuda::reduce<bf16>(dout.get(), din.get(), rank, shape.data(),
+                           reduced.get(), kind);
+    std::vector<float> want(kept);
+    rt::cpu::reduce(want.data(), in.data(), rank, shape.data(), reduced.get(),
+                    cpuKind(kind));
+    EXPECT_TRUE(near(widened(dout.download()), want, kBf16Tol));
+  };
+  const std::vector<int64_t> shape = {4, 5, 70};
+  auto x = randomReals(4 * 5 * 70, -3, 3);
+  for (int mask = 0; mask < 8; ++mask)
+    for (Kind kind : {Kind::Sum, Kind::Mean, Kind::Max})
+      check(shape, {bool(mask & 4), bool(mask & 2), bool(mask & 1)}, kind, x);
+  for (Kind kind : {Kind::Sum, Kind::Mean, Kind::Max})
+    check({3, 0, 2}, {false, true, false}, kind, {});
+}
+
+// Tests bf16 softmax and log-softmax along the last and a middle dim, with
+// -inf entries and an all -inf row, and the gradients.
+TEST_F(CudaKernels, Bf16SoftmaxAndGrad) {
+  struct Case {
+    int64_t outer, n, inner;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  for (Case c : {Case{3, 37, 1}, Case{2, 3000, 1}, Case{2, 5, 7}})
+    for (bool log : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << c.outer << "x" << c.n << "x"
+                                        << c.inner << " log=" << log);
+      const int64_t size = c.outer * c.n * c.inner;
+      auto x = randomReals(size, -4, 4);
+      x[1] = -inf;
+      if (c.inner == 1)
+        for (int64_t i = 0; i < c.n; ++i)
+          x[c.n + i] = -inf; // the second row
+      DeviceArray<bf16> dx(roundToBf16(x)), dy(size);
+      rt::cuda::softmax(dy.get(), dx.get(), c.outer, c.n, c.inner, log);
+      std::vector<float> y(size);
+      rt::cpu::softmax(y.data(), x.data(), c.outer, c.n, c.inner, log);
+      EXPECT_TRUE(near(widened(dy.download()), y, kBf16Tol));
+
+      // The gradient at a finite point, from bf16 y and dy.
+      auto finite = randomReals(size, -4, 4);
+      rt::cpu::softmax(y.data(), finite.data(), c.outer, c.n, c.inner, log);
+      auto g = randomReals(size);
+      DeviceArray<bf16> dyFinite(roundToBf16(y)), dg(roundToBf16(g)), ddx(size);
+      rt::cuda::softmaxGrad(ddx.get(), dyFinite.get(), dg.get(), c.outer, c.n,
+                            c.inner, log);
+      std::vector<float> want(size);
+      rt::cpu::softmaxGrad(want.data(), y.data(), g.data(), c.outer, c.n,
+                           c.inner, log);
+      EXPECT_TRUE(near(widened(ddx.download()), want, kBf16Tol));
+    }
+}
+
+// Tests bf16 layerNorm (with and without bias, the latter as `nullptr`) and
+// its gradient (with and without dbias): every tensor in bf16.
+TEST_F(CudaKernels, Bf16LayerNormAndGrad) {
+  const int64_t rows = 7, cols = 300;
+  const float eps = 1e-5f;
+  auto x = randomReals(rows * cols, 2, 5), scale = randomReals(cols),
+       bias = randomReals(cols), dy = randomReals(rows * cols);
+  DeviceArray<bf16> dx(roundToBf16(x)), dscale(roundToBf16(scale)),
+      dbias(roundToBf16(bias)), ddy(roundToBf16(dy));
+  for (bool withBias : {true, false}) {
+    SCOPED_TRACE(withBias ? "bias" : "no bias");
+    DeviceArray<bf16> out(rows * cols), gx(rows * cols), gscale(cols),
+        gbias(cols);
+    if (withBias)
+      rt::cuda::layerNorm(out.get(), dx.get(), dscale.get(), dbias.get(), rows,
+                          cols, eps);
+    else
+      rt::cuda::layerNorm(out.get(), dx.get(), dscale.get(), nullptr, rows,
+                          cols, eps);
+    std::vector<float> want(rows * cols);
+    rt::cpu::layerNorm(want.data(), x.data(), scale.data(),
+                       withBias ? bias.data() : nullptr, rows, cols, eps);
+    EXPECT_TRUE(near(widened(out.download()), want, kBf16Tol));
+
+    rt::cuda::layerNormGrad(gx.get(), gscale.get(),
+                            withBias ? gbias.get() : nullptr, dx.get(),
+                            dscale.get(), ddy.get(), rows, cols, eps);
+    std::vector<float> wantX(rows * cols), wantScale(cols), wantBias(cols);
+    rt::cpu::layerNormGrad(wantX.data(), wantScale.data(),
+                           withBias ? wantBias.data() : nullptr, x.data(),
+                           scale.data(), dy.data(), rows, cols, eps);
+    EXPECT_TRUE(near(widened(gx.download()), wantX, kBf16Tol));
+    EXPECT_TRUE(near(widened(gscale.download()), wantScale, kBf16Tol));
+    if (withBias)
+      EXPECT_TRUE(near(widened(gbias.download()), wantBias, kBf16Tol));
+  }
+}
+
+// Tests bf16 rmsNorm and its gradient, with and without dscale.
+TEST_F(CudaKernels, Bf16RmsNormAndGrad) {
+  const int64_t rows = 37, cols = 70;
+  const float eps = 1e-6f;
+  auto x = randomReals(rows * cols), scale = randomReals(cols),
+       dy = randomReals(rows * cols);
+  DeviceArray<bf16> dx(roundToBf16(x)), dscale(roundToBf16(scale)),
+      ddy(roundToBf16(dy)), out(rows * cols), gx(rows * cols), gscale(cols),
+      gxOnly(rows * cols);
+  rt::cuda::rmsNorm(out.get(), dx.get(), dscale.get(), rows, cols, eps);
+  std::vector<float> want(rows * cols);
+  rt::cpu::rmsNorm(want.data(), x.data(), scale.data(), rows, cols, eps);
+  EXPECT_TRUE(near(widened(out.download()), want, kBf16Tol));
+
+  rt::cuda::rmsNormGrad(gx.get(), gscale.get(), dx.get(), dscale.get(),
+                        ddy.get(), rows, cols, eps);
+  rt::cuda::rmsNormGrad(gxOnly.get(), nullptr, dx.get(), dscale.get(),
+                        ddy.get(), rows, cols, eps);
+  std::vector<float> wantX(rows * cols), wantScale(cols);
+  rt::cpu::rmsNormGrad(wantX.data(), wantScale.data(), x.data(), scale.data(),
+                       dy.data(), rows, cols, eps);
+  EXPECT_TRUE(near(widened(gx.download()), wantX, kBf16Tol));
+  EXPECT_TRUE(near(widened(gscale.download()), wantScale, kBf16Tol));
+  EXPECT_EQ(bitsOf(gxOnly.download()), bitsOf(gx.download()));
+}
+
+// Tests bf16 causal attention (bf16 q, k, v, out; float lse) and its
+// gradients, on lengths below and above the tile and head dims d ≠ dv.
+TEST_F(CudaKernels, Bf16CausalAttentionAndGrad) {
+  struct Case {
+    int64_t batch, t, d, dv;
+  };
+  for (Case c :
+       {Case{3, 33, 16, 24}, Case{2, 70, 64, 64}, Case{1, 129, 40, 17}}) {
+    SCOPED_TRACE(::testing::Message() << "batch " << c.batch << " t " << c.t
+                                      << " d " << c.d << " dv " << c.dv);
+    const float scale = 1.f / std::sqrt(float(c.d));
+    const int64_t qSize = c.batch * c.t * c.d, vSize = c.batch * c.t * c.dv;
+    auto q = randomReals(qSize, -2, 2), k = randomReals(qSize, -2, 2),
+         v = randomReals(vSize), dout = randomReals(vSize);
+    DeviceArray<bf16> dq(roundToBf16(q)), dk(roundToBf16(k)),
+        dv(roundToBf16(v)), ddout(roundToBf16(dout)), out(vSize);
+    DeviceArray<float> lse(c.batch * c.t);
+    rt::cuda::causalAttention(out.get(), lse.get(), dq.get(), dk.get(),
+                              dv.get(), c.batch, c.t, c.d, c.dv, scale);
+    std::vector<float> wantOut(vSize), wantLse(c.batch * c.t);
+    rt::cpu::causalAttention(wantOut.data(), wantLse.data(), q.data(), k.data(),
+                             v.data(), c.batch, c.t, c.d, c.dv, scale);
+    EXPECT_TRUE(near(widened(out.download()), wantOut, kBf16LongTol));
+    EXPECT_TRUE(near(lse.download(), wantLse, 1e-4));
+
+    // The gradients from the CPU's forward, its output rounded to bf16 for
+    // both.
+    DeviceArray<bf16> cpuOut(roundToBf16(wantOut)), gq(qSize), gk(qSize),
+        gv(vSize);
+    DeviceArray<float> cpuLse(wantLse);
+    rt::cuda::causalAttentionGrad(gq.get(), gk.get(), gv.get(), dq.get(),
+                                  dk.get(), dv.get(), cpuOut.get(),
+                                  cpuLse.get(), ddout.get(), c.batch, c.t, c.d,
+                                  c.dv, scale);
+    std::vector<float> wantQ(qSize), wantK(qSize), wantV(vSize);
+    rt::cpu::causalAttentionGrad(wantQ.data(), wantK.data(), wantV.data(),
+                                 q.data(), k.data(), v.data(), wantOut.data(),
+                                 wantLse.data(), dout.data(), c.batch, c.t, c.d,
+                                 c.dv, scale);
+    EXPECT_TRUE(near(widened(gq.download()), wantQ, kBf16LongTol));
+    EXPECT_TRUE(near(widened(gk.download()), wantK, kBf16LongTol));
+    EXPECT_TRUE(near(widened(gv.download()), wantV, kBf16LongTol));
+  }
+}
+
+namespace {
+
+/// The losses on bf16 logits and log-probabilities, called as generated code
+/// calls them (Idx named, T deduced): float losses within the float tests'
+/// 1e-5, bf16 gradients within kBf16Tol.
+template <typename Idx> void checkBf16Losses(bool hasIgnore) {
+  using R = rt::cuda::Reduction;
+  const int64_t rows = 19, classes = 37, ignoreIndex = -100;
+  SCOPED_TRACE(::testing::Message()
+               << "Idx bytes " << sizeof(Idx) << " hasIgnore " << hasIgnore);
+  auto logits = randomReals(rows * classes, -3, 3);
+  auto targets = randomInts<Idx>(rows, 0, classes - 1);
+  if (hasIgnore)
+    targets[2] = targets[7] = targets[8] = Idx(ignoreIndex);
+  DeviceArray<bf16> dlogits(roundToBf16(logits));
+  std::vector<float> logProbs(rows * classes);
+  rt::cpu::softmax(logProbs.data(), logits.data(), rows, classes, 1, true);
+  DeviceArray<bf16> dlogProbs(roundToBf16(logProbs));
+  DeviceArray<Idx> dtargets(targets);
+  auto dlossRows = randomReals(rows);
+  for (R r : {R::None, R::Sum, R::Mean}) {
+    SCOPED_TRACE(::testing::Message() << "reduction " << int(r));
+    const int64_t lossSize = r == R::None ? rows : 1;
+    std::vector<float> dloss =
+        r == R::None ? dlossRows : std::vector<float>{0.7f};
+    DeviceArray<float> loss(lossSize), nll(lossSize), ddloss(dloss);
+    DeviceArray<bf16> grad(rows * classes), nllGrad(rows * classes);
+
+    rt::cuda::crossEntropy<Idx>(loss.get(), dlogits.get(), dtargets.get(), rows,
+                                classes, hasIgnore, ignoreIndex, r);
+    std::vector<float> want(lossSize);
+    rt::cpu::crossEntropy(want.data(), logits.data(), targets.data(), rows,
+                          classes, hasIgnore, ignoreIndex, cpuReduction(r));
+    EXPECT_TRUE(near(loss.download(), want, 1e-5));
+
+    rt::cuda::crossEntropyGrad<Idx>(grad.get(), dlogits.get(), dtargets.get(),
+                                    ddloss.get(), rows, classes, hasIgnore,
+                                    ignoreIndex, r);
+    std::vector<float> wantGrad(rows * classes);
+    rt::cpu::crossEntropyGrad(wantGrad.data(), logits.data(), targets.data(),
+                              dloss.data(), rows, classes, hasIgnore,
+                              ignoreIndex, cpuReduction(r));
+    EXPECT_TRUE(near(widened(grad.download()), wantGrad, kBf16Tol));
+
+    rt::cuda::nllLoss<Idx>(nll.get(), dlogProbs.get(), dtargets.get(), rows,
+                           classes, hasIgnore, ignoreIndex, r);
+    rt::cpu::nllLoss(want.data(), logProbs.data(), targets.data(), rows,
+                     classes, hasIgnore, ignoreIndex, cpuReduction(r));
+    EXPECT_TRUE(near(nll.download(), want, 1e-5));
+
+    rt::cuda::nllLossGrad<Idx>(nllGrad.get(), dtargets.get(), ddloss.get(),
+                               rows, classes, hasIgnore, ignoreIndex, r);
+    rt::cpu::nllLossGrad(wantGrad.data(), targets.data(), dloss.data(), rows,
+                         classes, hasIgnore, ignoreIndex, cpuReduction(r));
+    EXPECT_TRUE(near(widened(nllGrad.download()), wantGrad, kBf16Tol));
+  }
+}
+
+} // namespace
+
+// Tests cross entropy and NLL on bf16 inputs with float losses, forward and
+// backward, for every reduction, with and without ignored targets, for both
+// index types.
+TEST_F(CudaKernels, Bf16Losses) {
+  checkBf16Losses<int64_t>(false);
+  checkBf16Losses<int64_t>(true);
+  checkBf16Losses<int32_t>(true);
 }
