@@ -18,11 +18,11 @@ line per run:
                as the drop in free GPU memory); PyTorch:
                torch.cuda.max_memory_allocated
 
-    /usr/bin/python3 bench/gpu_bench.py [--batch 8] [--steps 30] [--warmup 10]
+    /usr/bin/python3 bench/gpu_bench.py [--precision bf16] [--batch 8] [--steps 30]
 
-It needs a GPU (nvidia-smi must list one) and says so otherwise. The CUDA
-target computes in fp32 for now (bf16 is not implemented yet), so the PyTorch
-runs are fp32 too unless --torch-bf16 asks for autocast.
+It needs a GPU (nvidia-smi must list one) and says so otherwise. With
+--precision bf16 (the default) fastllm-opt compiles with --precision bf16 and
+PyTorch runs under torch.autocast(bfloat16); with fp32 both run in fp32.
 """
 import argparse
 import json
@@ -86,7 +86,7 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--torch-bf16", action="store_true")
+    ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     args = ap.parse_args()
     try:
         gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
@@ -106,7 +106,8 @@ def main():
     export_models.main(argv)
     out = os.path.join(work, "run")
     subprocess.run([args.tool, "compile", onnx_path, "-o", out, "--target", "cuda",
-                    "--batch-size", str(args.batch), "--seq-len", str(SEQ)], check=True)
+                    "--precision", args.precision, "--batch-size", str(args.batch),
+                    "--seq-len", str(SEQ)], check=True)
     plan = json.load(open(os.path.join(out, "plan.json")))
     n_params = sum(math.prod(p["shape"]) for p in plan["params"])
     import array
@@ -122,7 +123,8 @@ def main():
     step_s = statistics.median(line["step_ms"] for line in lines) / 1e3
     print(f"GPT-2 124M: {n_params} parameters, batch {args.batch} x seq {SEQ}, "
           f"FLOPs per token {flops_per_token(n_params):.3e}")
-    report("fastllm-opt (fp32)", args.batch * SEQ / step_s, n_params, lines[0]["mem_bytes"])
+    report(f"fastllm-opt ({args.precision})", args.batch * SEQ / step_s, n_params,
+           lines[0]["mem_bytes"])
 
     try:
         import torch
@@ -132,10 +134,10 @@ def main():
     if not cuda:
         print("PyTorch with CUDA is not available to this python: no PyTorch figures")
         return
-    precision = "bf16 autocast" if args.torch_bf16 else "fp32"
+    bf16 = args.precision == "bf16"
+    precision = "bf16 autocast" if bf16 else "fp32"
     for compiled in (False, True):
-        tps, n, mem = torch_run(cfg, args.batch, args.steps, args.warmup, compiled,
-                                args.torch_bf16)
+        tps, n, mem = torch_run(cfg, args.batch, args.steps, args.warmup, compiled, bf16)
         report(f"PyTorch {'torch.compile' if compiled else 'eager'} ({precision})", tps, n, mem)
 
 
