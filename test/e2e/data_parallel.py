@@ -19,7 +19,8 @@ betas 0.9/0.95, weight decay 0.1) and check every step:
 
 By default a representative subset runs (the test command's); --full runs the
 whole matrix dp 1, 2, 4 x ZeRO 1, 2, 3 x layers-per-stage 1, 2 x grad-accum
-1, 2. Prints `PASS`/`FAIL` per case and `data parallel tests: P passed, F
+1, 2. Both add runs with other buffer counts and stage sizes (BUFFERS) and,
+for GPT-2, with a frozen parameter (FROZEN_CASES). Prints `PASS`/`FAIL` per case and `data parallel tests: P passed, F
 failed`.
 """
 import argparse
@@ -51,14 +52,23 @@ SUBSET = [(2, 1, 1, 1), (4, 1, 2, 2), (2, 2, 2, 2), (4, 2, 1, 1),
 FROZEN = "wpe"
 FROZEN_CASES = [(2, 1, 1, 1), (2, 2, 1, 2), (4, 3, 1, 1)]
 FULL = list(itertools.product((1, 2, 4), (1, 2, 3), (1, 2), (1, 2)))
+# Buffer counts and stage sizes off the defaults (in both sets): half-layer
+# stages, one buffer of each kind (nothing to prefetch), three weight
+# buffers with 1.5 layers per stage.
+BUFFERS = [(2, 3, 0.5, 1, []),
+           (4, 3, 1, 2, ["--num-weight-buffers", "1", "--num-grad-buffers", "1"]),
+           (2, 3, 1.5, 2, ["--num-weight-buffers", "3"]),
+           (2, 2, 1, 1, ["--num-grad-buffers", "3"])]
 
 
-def run(tool, work, onnx_path, data, steps, dp, zero, lps, accum, freeze=None):
+def run(tool, work, onnx_path, data, steps, dp, zero, lps, accum, freeze=None, extra=()):
     batch = GLOBAL // (dp * accum)
-    out = os.path.join(work, f"dp{dp}-zero{zero}-lps{lps}-acc{accum}{'-frozen' if freeze else ''}")
+    out = os.path.join(work, f"dp{dp}-zero{zero}-lps{lps}-acc{accum}"
+                       f"{'-frozen' if freeze else ''}{''.join(extra).replace('--', '-')}")
     subprocess.run([tool, "compile", onnx_path, "-o", out, "--batch-size", str(batch),
                     "--seq-len", str(SEQ), "--dp", str(dp), "--zero-stage", str(zero),
-                    "--layers-per-stage", str(lps)] + (["--freeze", freeze] if freeze else []),
+                    "--layers-per-stage", str(lps)] + (["--freeze", freeze] if freeze else [])
+                   + list(extra),
                    check=True, capture_output=True)
     metrics = os.path.join(out, "metrics.jsonl")
     cmd = [os.path.join(out, "train"), "--data", data, "--steps", str(steps),
@@ -112,13 +122,15 @@ def main():
         os.makedirs(model_work)
         torch_ref = torch_losses(cfg, data, args.steps, GLOBAL, 1, SEQ, HP)
         ref, ref_plan = run(args.tool, model_work, cfg.out, data_path, args.steps, 1, 1, 1, 1)
-        for dp, zero, lps, accum in (FULL if args.full else SUBSET):
-            if (dp, zero, lps, accum) == (1, 1, 1, 1):
+        cases = [c + ([],) for c in (FULL if args.full else SUBSET)] + BUFFERS
+        for dp, zero, lps, accum, extra in cases:
+            if (dp, zero, lps, accum, extra) == (1, 1, 1, 1, []):
                 continue  # the reference itself
-            name = f"{model} dp {dp} ZeRO-{zero} layers-per-stage {lps} grad-accum {accum}"
+            name = f"{model} dp {dp} ZeRO-{zero} layers-per-stage {lps} grad-accum {accum}" + \
+                "".join(" " + e for e in extra)
             try:
                 got, plan = run(args.tool, model_work, cfg.out, data_path, args.steps,
-                                dp, zero, lps, accum)
+                                dp, zero, lps, accum, extra=extra)
                 ok, detail = check(got, plan, accum, ref, torch_ref, args.steps)
             except subprocess.CalledProcessError as e:
                 ok, detail = False, f"{e.cmd[0]} failed: {e.stderr.decode()[-1500:]}"
