@@ -333,8 +333,8 @@ int fastllm::compileMain(int argc, char **argv) {
       cl::init(-1), cl::cat(category));
   cl::opt<bool> fullPrecisionGradients(
       "full-precision-gradients",
-      cl::desc("Keep gradient buffers in fp32 (default true; false: the "
-               "compute dtype, which is fp32 on the CPU target)"),
+      cl::desc("Keep gradient buffers in fp32 (default true; false means the "
+               "compute dtype: a no-op in fp32, not implemented for bf16)"),
       cl::init(true), cl::cat(category));
   cl::opt<double> layersPerStage(
       "layers-per-stage",
@@ -373,6 +373,12 @@ int fastllm::compileMain(int argc, char **argv) {
   if (precision != "fp32" && precision != "bf16") {
     compileError() << "--precision " << precision
                    << " is not a precision (supported: fp32, bf16)\n";
+    return 1;
+  }
+  if (precision == "bf16" && !fullPrecisionGradients) {
+    compileError() << "--full-precision-gradients=false (bf16 gradient "
+                      "buffers) is not implemented yet; bf16 training keeps "
+                      "fp32 gradient buffers\n";
     return 1;
   }
   if (precision == "bf16" && emitTarget != fastllm::Target::Cuda) {
