@@ -307,7 +307,7 @@ int fastllm::compileMain(int argc, char **argv) {
       cl::value_desc("NAME=V"), cl::cat(category));
   cl::opt<std::string> target(
       "target",
-      cl::desc("cpu, or cuda (CUDA C++ built with nvcc for FASTLLM_CUDA_ARCH)"),
+      cl::desc("cpu, or cuda (CUDA C++ built with nvcc for " FASTLLM_CUDA_ARCH ")"),
       cl::init("cpu"), cl::cat(category));
   cl::opt<std::string> precision(
       "precision",
