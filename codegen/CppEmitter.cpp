@@ -525,12 +525,19 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
           SmallVector<int64_t> full = broadcastStrides(s, c.size());
           return SmallVector<int64_t>(ArrayRef<int64_t>(full).take_front(batchRank));
         };
+        // A transposed operand is stored [..., K, M] (lhs) or [..., N, K]
+        // (rhs); its batch strides are the same as the product's view.
+        const bool transA = o.getTransposeLhs(), transB = o.getTransposeRhs();
+        int64_t m = transA ? a.back() : a[a.size() - 2];
+        int64_t k = transA ? a[a.size() - 2] : a.back();
+        int64_t n = transB ? b[b.size() - 2] : b.back();
         os << "  {\n    static const int64_t bs[] = " << list(c.take_front(batchRank))
            << ", as[] = " << list(batchStrides(a)) << ", bs2[] = "
            << list(batchStrides(b)) << ";\n    matmul(" << name(o.getResult())
            << ", " << name(o.getLhs()) << ", " << name(o.getRhs()) << ", "
-           << batchRank << ", bs, as, bs2, " << a[a.size() - 2] << ", "
-           << b.back() << ", " << a.back() << ", false, false);\n  }\n";
+           << batchRank << ", bs, as, bs2, " << m << ", " << n << ", " << k
+           << ", " << (transA ? "true" : "false") << ", "
+           << (transB ? "true" : "false") << ");\n  }\n";
         return success();
       })
       .Case<TransposeOp>([&](TransposeOp o) -> LogicalResult {

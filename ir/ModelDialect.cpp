@@ -153,17 +153,23 @@ LogicalResult SelectOp::verify() {
 LogicalResult MatmulOp::verify() {
   if (failed(verifySameElementType(*this, {getLhs(), getRhs(), getResult()})))
     return failure();
-  ArrayRef<int64_t> a = tensorType(getLhs()).getShape();
-  ArrayRef<int64_t> b = tensorType(getRhs()).getShape();
+  SmallVector<int64_t> a(tensorType(getLhs()).getShape());
+  SmallVector<int64_t> b(tensorType(getRhs()).getShape());
   if (a.size() < 2 || b.size() < 2)
     return emitOpError("operands must have rank >= 2, got ")
            << a.size() << " and " << b.size();
+  // The shapes the product reads.
+  if (getTransposeLhs())
+    std::swap(a[a.size() - 1], a[a.size() - 2]);
+  if (getTransposeRhs())
+    std::swap(b[b.size() - 1], b[b.size() - 2]);
   if (a.back() != b[b.size() - 2])
     return emitOpError("contraction dims differ: lhs ")
            << shapeStr(a) << " has K = " << a.back() << ", rhs " << shapeStr(b)
            << " has K = " << b[b.size() - 2];
   SmallVector<int64_t> batch;
-  if (!OpTrait::util::getBroadcastedShape(a.drop_back(2), b.drop_back(2), batch))
+  if (!OpTrait::util::getBroadcastedShape(ArrayRef<int64_t>(a).drop_back(2),
+                                          ArrayRef<int64_t>(b).drop_back(2), batch))
     return emitOpError("batch dims are not broadcast-compatible: ")
            << shapeStr(a) << " and " << shapeStr(b);
   batch.push_back(a[a.size() - 2]);

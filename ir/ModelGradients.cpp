@@ -364,6 +364,9 @@ LogicalResult GeluOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
 LogicalResult MatmulOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                        SmallVectorImpl<Value> &og) {
   resetGrads(*this, og);
+  if (getTransposeLhs() || getTransposeRhs())
+    return emitOpError("reads a transposed operand and has no gradient rule; "
+                       "fastllm-fold-transposes runs after autodiff");
   if (!rg[0])
     return success();
   GradBuilder gb(b, getLoc());

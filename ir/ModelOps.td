@@ -196,13 +196,18 @@ def Model_MatmulOp : Model_Op<"matmul", [Pure, Differentiable]> {
   let summary = "batched matrix product with broadcast batch dimensions";
   let description = [{
     Operands have rank >= 2: `[..., M, K] x [..., K, N] -> [..., M, N]`, the
-    leading (batch) dimensions broadcast with NumPy rules.
+    leading (batch) dimensions broadcast with NumPy rules. `transpose_lhs`
+    (`transpose_rhs`) reads that operand with its last two dims swapped:
+    fastllm-fold-transposes sets them after autodiff, so that no transposed
+    copy is made; such a matmul has no gradient rule.
 
     ```mlir
     %r = model.matmul %a, %b : tensor<2x8x16xf32>, tensor<16x4xf32> -> tensor<2x8x4xf32>
+    %s = model.matmul %a, %c {transpose_rhs} : tensor<2x8x16xf32>, tensor<4x16xf32> -> tensor<2x8x4xf32>
     ```
   }];
-  let arguments = (ins Model_FloatTensor:$lhs, Model_FloatTensor:$rhs);
+  let arguments = (ins Model_FloatTensor:$lhs, Model_FloatTensor:$rhs,
+                       UnitAttr:$transpose_lhs, UnitAttr:$transpose_rhs);
   let results = (outs Model_FloatTensor:$result);
   let assemblyFormat = [{
     $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)

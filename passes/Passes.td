@@ -24,6 +24,16 @@ def AutodiffPass : Pass<"fastllm-autodiff", "ModuleOp"> {
   let dependentDialects = ["::mlir::fastllm::model::ModelDialect"];
 }
 
+def FoldTransposesPass : Pass<"fastllm-fold-transposes", "ModuleOp"> {
+  let summary = "folds last-two-dims transposes into the matmuls that read them";
+  let description = [{
+    After autodiff: `model.matmul(model.transpose(x))` where the transpose
+    swaps the last two dims becomes a matmul reading x with its
+    `transpose_lhs` or `transpose_rhs` flag; transposes left without uses are
+    erased.
+  }];
+}
+
 def MixedPrecisionPass : Pass<"fastllm-mixed-precision", "ModuleOp"> {
   let summary = "computes @forward in bf16 with fp32 weights, gradients and loss";
   let description = [{

@@ -22,6 +22,7 @@ void mlir::fastllm::buildCpuTrainingPipeline(
   autodiff.freeze = options.freeze;
   pm.addPass(createAutodiffPass(autodiff));
   pm.addPass(createCSEPass());
+  pm.addPass(createFoldTransposesPass());
   ZeroLayoutPassOptions zero;
   zero.dp = options.dp;
   zero.zeroStage = options.zeroStage;
