@@ -125,9 +125,7 @@ LogicalResult AutodiffPass::differentiate(func::FuncOp step) {
     // The backward of an op runs in its stage (stage partitioning ran first).
     for (Operation *bwd = before ? before->getNextNode() : &body.front();
          bwd && bwd != ret; bwd = bwd->getNextNode())
-      for (StringRef attr : {"model.stage", "model.layer"})
-        if (Attribute a = op->getAttr(attr))
-          bwd->setAttr(attr, a);
+      copyStage(op, bwd);
     for (auto [operand, g] : llvm::zip(op->getOperands(), operandGrads))
       if (g && active.count(operand))
         addGrad(operand, g, op->getLoc());

@@ -17,6 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/Passes.h"
+#include "passes/Zero.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/Verifier.h"
@@ -47,9 +48,7 @@ Value castBefore(OpBuilder &b, Operation *before, Value v, Type to) {
   b.setInsertionPoint(before);
   auto t = cast<RankedTensorType>(v.getType());
   auto c = b.create<CastOp>(before->getLoc(), t.clone(to), v);
-  for (StringRef attr : {"model.stage", "model.layer"})
-    if (Attribute a = before->getAttr(attr))
-      c->setAttr(attr, a);
+  copyStage(before, c);
   return c.getResult();
 }
 } // namespace
@@ -77,9 +76,7 @@ void MixedPrecisionPass::runOnOperation() {
         continue;
       b.setInsertionPointAfter(get);
       auto c = b.create<CastOp>(get.getLoc(), t.clone(low), get.getResult());
-      for (StringRef attr : {"model.stage", "model.layer"})
-        if (Attribute a = get->getAttr(attr))
-          c->setAttr(attr, a);
+      copyStage(get, c);
       get.getResult().replaceAllUsesExcept(c.getResult(), c);
       continue;
     }

@@ -1,6 +1,7 @@
 //===- PartitionStages.cpp - layers from structure, stages from layers ----===//
 
 #include "passes/Passes.h"
+#include "passes/Zero.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -180,8 +181,8 @@ void PartitionStagesPass::runOnOperation() {
   int64_t numStages = 0;
   for (Operation *op : all) {
     int64_t layer = layerOfOp[op], stage = stageOfLayer(layer);
-    op->setAttr("model.layer", b.getI64IntegerAttr(layer));
-    op->setAttr("model.stage", b.getI64IntegerAttr(stage));
+    op->setAttr(kLayerAttr, b.getI64IntegerAttr(layer));
+    op->setAttr(kStageAttr, b.getI64IntegerAttr(stage));
     numStages = std::max(numStages, stage + 1);
   }
   // A parameter belongs to the stage of its first read.
@@ -196,7 +197,7 @@ void PartitionStagesPass::runOnOperation() {
     }
   for (auto param : module.getOps<ParameterOp>()) {
     auto it = paramStage.find(param.getSymName());
-    param->setAttr("model.stage",
+    param->setAttr(kStageAttr,
                    b.getI64IntegerAttr(it == paramStage.end() ? 0 : it->second));
   }
   module->setAttr("model.num_layers", b.getI64IntegerAttr(numLayers));

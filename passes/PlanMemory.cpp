@@ -248,7 +248,7 @@ void PlanMemoryPass::runOnOperation() {
       }
       return plan.frozenOffset + offset.getInt() * 4;
     }
-    int64_t stage = std::max<int64_t>(stageOf(param), 0);
+    int64_t stage = parameterStage(param);
     int64_t inStage = (offset.getInt() - plan.stageOffsets[stage]) * 4;
     bool full = grad ? plan.zeroStage == 1 : plan.zeroStage <= 2;
     if (full)

@@ -156,7 +156,7 @@ void VerifyCollectivesPass::runOnOperation() {
       }
     } else if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
       auto param = symbols.lookup<ParameterOp>(acc.getName());
-      int64_t s = std::max<int64_t>(stageOf(param), 0), j = slotOf(acc);
+      int64_t s = parameterStage(param), j = slotOf(acc);
       if (param.getTensorType().getNumElements() == 0)
         ; // adds nothing
       else if (zero >= 2 && (j < 0 || j >= numGradSlots))
@@ -173,7 +173,7 @@ void VerifyCollectivesPass::runOnOperation() {
                          : "cleared for stage " + std::to_string(gradStage[j]));
     } else if (auto get = dyn_cast<GetParameterOp>(op)) {
       auto param = symbols.lookup<ParameterOp>(get.getName());
-      int64_t owner = std::max<int64_t>(stageOf(param), 0), j = slotOf(get);
+      int64_t owner = parameterStage(param), j = slotOf(get);
       if (param.getFrozen() || param.getTensorType().getNumElements() == 0)
         ; // the frozen array is always there; an empty tensor reads nothing
       else if (zero == 3 && (j < 0 || j >= numWeightSlots))

@@ -16,9 +16,12 @@
 
 #include "mlir/IR/Operation.h"
 
+#include <algorithm>
+
 namespace mlir::fastllm {
 
 constexpr llvm::StringLiteral kStageAttr = "model.stage";
+constexpr llvm::StringLiteral kLayerAttr = "model.layer";
 constexpr llvm::StringLiteral kBackwardAttr = "model.backward";
 constexpr llvm::StringLiteral kSlotAttr = "plan.slot";
 
@@ -26,6 +29,20 @@ constexpr llvm::StringLiteral kSlotAttr = "plan.slot";
 inline int64_t stageOf(Operation *op) {
   auto a = op->getAttrOfType<IntegerAttr>(kStageAttr);
   return a ? a.getInt() : -1;
+}
+
+/// The stage a parameter belongs to: its model.stage, 0 when the model was
+/// not partitioned.
+inline int64_t parameterStage(Operation *param) {
+  return std::max<int64_t>(stageOf(param), 0);
+}
+
+/// Gives `to` the stage and layer of `from` (an op built for `from` runs in
+/// its stage).
+inline void copyStage(Operation *from, Operation *to) {
+  for (llvm::StringRef attr : {kStageAttr, kLayerAttr})
+    if (Attribute a = from->getAttr(attr))
+      to->setAttr(attr, a);
 }
 
 inline bool isBackward(Operation *op) { return op->hasAttr(kBackwardAttr); }

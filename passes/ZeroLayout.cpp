@@ -97,7 +97,7 @@ void ZeroLayoutPass::layOutParameters(ModuleOp module, MemoryPlan &plan) {
           llvm::alignTo(param.getTensorType().getNumElements(), elemAlign);
       continue;
     }
-    byStage[std::max<int64_t>(stageOf(param), 0)].push_back(param);
+    byStage[parameterStage(param)].push_back(param);
   }
   int64_t numStages = byStage.empty() ? 0 : byStage.rbegin()->first + 1;
   int64_t stageAlign = std::lcm<int64_t>(dp * 32, elemAlign);
@@ -124,7 +124,7 @@ LogicalResult ZeroLayoutPass::assignStages(func::FuncOp step,
   Block &body = step.getBody().front();
   for (auto acc : body.getOps<AccumulateGradOp>())
     if (auto param = symbols.lookup<ParameterOp>(acc.getName()))
-      acc->setAttr(kStageAttr, b.getI64IntegerAttr(std::max<int64_t>(stageOf(param), 0)));
+      acc->setAttr(kStageAttr, b.getI64IntegerAttr(parameterStage(param)));
   int64_t next = -1;
   for (Operation &op : llvm::reverse(body.without_terminator())) {
     if (stageOf(&op) >= 0)
@@ -220,7 +220,7 @@ void ZeroLayoutPass::splitParameterReads(func::FuncOp step,
     auto param = symbols.lookup<ParameterOp>(get.getName());
     if (param.getFrozen()) // read from the frozen array, always there
       continue;
-    int64_t owner = std::max<int64_t>(stageOf(param), 0);
+    int64_t owner = parameterStage(param);
     std::map<int64_t, GetParameterOp> perStage;
     for (OpOperand &use : llvm::make_early_inc_range(get->getUses())) {
       int64_t s = stageOf(use.getOwner());
@@ -287,7 +287,7 @@ void ZeroLayoutPass::runOnOperation() {
       auto param = symbols.lookup<ParameterOp>(get.getName());
       if (param.getFrozen())
         continue;
-      int64_t owner = std::max<int64_t>(stageOf(param), 0);
+      int64_t owner = parameterStage(param);
       for (Operation *user : get->getUsers()) {
         if (stageOf(user) < owner) {
           user->emitOpError("in stage ")
