@@ -274,7 +274,7 @@ static bool buildBinary(StringRef dir, fastllm::Target target) {
                  lib + "/libfastllm_rt.a", lib + "/libfastllm_rt_cuda.a",
                  lib + "/libfastllm_cuda_kernels.a", "-Wl,--end-group",
                  "-L" + cudaLib,
-                 "-Wl,-rpath," + cudaLib, "-lnccl", "-lcublas",
+                 "-Wl,-rpath," + cudaLib, "-lnccl",
                  "-lcublasLt", "-lcudart"});
   } else {
     link.insert(link.end(),

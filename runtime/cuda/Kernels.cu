@@ -22,10 +22,13 @@
 
 #include "runtime/cuda/Kernels.cuh"
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 
+#include <array>
 #include <atomic>
+#include <cstdio>
 #include <limits>
+#include <map>
 #include <type_traits>
 
 namespace fastllm::rt::cuda {
@@ -295,30 +298,151 @@ int64_t detail::gatherGradBands(int64_t outer, int64_t dimSize, int64_t inner) {
 // Matmul
 //===----------------------------------------------------------------------===//
 
+detail::LtGemm detail::planLtGemm(const MatmulPlan &plan, int64_t n,
+                                  int64_t k, bool transA, bool transB) {
+  LtGemm gemm;
+  gemm.rows = n;
+  gemm.cols = plan.m;
+  gemm.depth = k;
+  gemm.count = plan.count;
+  // B is row-major [k, n] ([n, k] when transB): column-major n x k (k x n).
+  gemm.first = transB ? LtOperand{k, n, k, plan.bStride, true}
+                      : LtOperand{n, k, n, plan.bStride, false};
+  // A is row-major [m, k] ([k, m] when transA): column-major k x m (m x k).
+  gemm.second = transA ? LtOperand{plan.m, k, plan.m, plan.aStride, true}
+                       : LtOperand{k, plan.m, k, plan.aStride, false};
+  return gemm;
+}
+
 namespace {
 
 void checkCublas(cublasStatus_t status, const char *what, const char *file,
                  int line) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    detail::fail(file, line, what, cublasGetStatusString(status));
+    detail::fail(file, line, what, cublasLtGetStatusString(status));
 }
 
 #define FASTLLM_CUBLAS_CHECK(expr)                                             \
   checkCublas((expr), #expr, __FILE__, __LINE__)
 
-/// The process's cuBLAS handle, created on first use for the current device.
-/// It is never destroyed: at exit that would race the CUDA runtime's own
-/// teardown.
-cublasHandle_t cublasHandle() {
-  static cublasHandle_t handle = [] {
-    cublasHandle_t h;
-    FASTLLM_CUBLAS_CHECK(cublasCreate(&h));
-    // No TF32 tensor-op math: with CUBLAS_COMPUTE_32F below, float products
-    // are full fp32, as on the CPU (bf16 ones still use tensor cores).
-    FASTLLM_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
-    return h;
+/// cuBLASLt's scratch memory for the GEMMs that want some (split-k), one
+/// buffer for the process, allocated with the handle. 32 MiB is what NVIDIA
+/// recommends for Hopper.
+constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+
+struct LtContext {
+  cublasLtHandle_t handle;
+  void *workspace;
+};
+
+/// The process's cuBLASLt handle and workspace, created on first use for the
+/// current device. They are never freed: at exit that would race the CUDA
+/// runtime's own teardown.
+const LtContext &ltContext() {
+  static const LtContext context = [] {
+    LtContext c;
+    FASTLLM_CUBLAS_CHECK(cublasLtCreate(&c.handle));
+    FASTLLM_CUDA_CHECK(cudaMalloc(&c.workspace, kLtWorkspaceBytes));
+    return c;
   }();
-  return handle;
+  return context;
+}
+
+/// The largest power of two (up to 256) dividing `p`'s address: what the
+/// GEMM algorithm may assume of that operand.
+uint32_t alignmentOf(const void *p) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && address % align)
+    align /= 2;
+  return align;
+}
+
+/// One GEMM shape's cuBLASLt descriptors and the algorithm its heuristic
+/// chose, made once per shape, type and operand alignments and kept for the
+/// process (a training step runs the same GEMMs every time).
+struct LtPlan {
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t first, second, out;
+  cublasLtMatmulAlgo_t algo;
+};
+
+cublasLtMatrixLayout_t ltLayout(cudaDataType_t type, int64_t rows,
+                                int64_t cols, int64_t ld, int64_t count,
+                                int64_t stride) {
+  cublasLtMatrixLayout_t layout;
+  FASTLLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld));
+  const int32_t batch = int32_t(count);
+  FASTLLM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+      layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+  FASTLLM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+      layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+      sizeof(stride)));
+  return layout;
+}
+
+const LtPlan &ltPlan(cudaDataType_t type, const detail::LtGemm &g,
+                     const uint32_t align[3]) {
+  using Key = std::array<int64_t, 14>;
+  static std::map<Key, LtPlan> plans;
+  const Key key = {type,          g.rows,          g.cols,         g.depth,
+                   g.count,       g.first.ld,      g.first.stride, g.first.trans,
+                   g.second.ld,   g.second.stride, g.second.trans, align[0],
+                   align[1],      align[2]};
+  auto [it, inserted] = plans.try_emplace(key);
+  LtPlan &plan = it->second;
+  if (!inserted)
+    return plan;
+  // fp32 accumulation and scale for either type; fp32 operands are
+  // multiplied in full fp32 (no TF32: that needs CUBLAS_COMPUTE_32F_FAST_TF32),
+  // as on the CPU.
+  FASTLLM_CUBLAS_CHECK(
+      cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t opFirst = g.first.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opSecond = g.second.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  FASTLLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opFirst, sizeof(opFirst)));
+  FASTLLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opSecond, sizeof(opSecond)));
+  plan.first = ltLayout(type, g.first.rows, g.first.cols, g.first.ld, g.count,
+                        g.first.stride);
+  plan.second = ltLayout(type, g.second.rows, g.second.cols, g.second.ld,
+                         g.count, g.second.stride);
+  plan.out = ltLayout(type, g.rows, g.cols, g.rows, g.count, g.rows * g.cols);
+
+  cublasLtMatmulPreference_t preference;
+  FASTLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const uint64_t workspace = kLtWorkspaceBytes;
+  FASTLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+      sizeof(workspace)));
+  const cublasLtMatmulPreferenceAttributes_t alignAttrs[3] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 3; ++i)
+    FASTLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        preference, alignAttrs[i], &align[i], sizeof(align[i])));
+  FASTLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2],
+      sizeof(align[2])));
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  FASTLLM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
+      ltContext().handle, plan.desc, plan.first, plan.second, plan.out,
+      plan.out, preference, 1, &result, &found));
+  FASTLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+  if (found == 0) {
+    char what[160];
+    std::snprintf(what, sizeof what,
+                  "cuBLASLt has no algorithm for a %s GEMM %lld x %lld x %lld "
+                  "(batch %lld)",
+                  type == CUDA_R_32F ? "fp32" : "bf16", (long long)g.cols,
+                  (long long)g.rows, (long long)g.depth, (long long)g.count);
+    detail::fail(__FILE__, __LINE__, what, "no heuristic result");
+  }
+  plan.algo = result.algo;
+  return plan;
 }
 
 } // namespace
@@ -335,24 +459,21 @@ void matmul(T *c, const T *a, const T *b, int batchRank,
     return fill(c, batch * m * n, 0.f);
   const detail::MatmulPlan plan = detail::planMatmul(
       batchRank, batchShape, aBatchStrides, bBatchStrides, m, k, transA);
-  cublasHandle_t handle = cublasHandle();
-  FASTLLM_CUBLAS_CHECK(cublasSetStream(handle, stream()));
-  // cuBLAS is column-major, and a row-major [r, c] matrix read column-major
-  // is its [c, r] transpose. So the row-major C = op(A)·op(B) is computed as
-  // the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: B first, each operand with its own
-  // transpose flag, leading dimensions the row-major row lengths. alpha and
-  // beta are floats, the scale type of CUBLAS_COMPUTE_32F, for either T.
-  constexpr cudaDataType_t type = detail::gemmDataType<T>();
+  const detail::LtGemm gemm = detail::planLtGemm(plan, n, k, transA, transB);
+  const LtContext &context = ltContext();
   const float alpha = 1.f, beta = 0.f;
-  const int64_t lda = transA ? m : k, ldb = transB ? k : n;
-  const cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
-  for (int64_t call = 0; call < plan.calls; ++call)
-    FASTLLM_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(
-        handle, opB, opA, n, plan.m, k, &alpha, b + plan.bFirst.offset(call),
-        type, ldb, plan.bStride, a + plan.aFirst.offset(call), type, lda,
-        plan.aStride, &beta, c + call * plan.count * plan.m * n, type, n,
-        plan.m * n, plan.count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  for (int64_t call = 0; call < plan.calls; ++call) {
+    const T *first = b + plan.bFirst.offset(call);
+    const T *second = a + plan.aFirst.offset(call);
+    T *out = c + call * plan.count * plan.m * n;
+    const uint32_t align[3] = {alignmentOf(first), alignmentOf(second),
+                               alignmentOf(out)};
+    const LtPlan &lt = ltPlan(detail::gemmDataType<T>(), gemm, align);
+    FASTLLM_CUBLAS_CHECK(cublasLtMatmul(
+        context.handle, lt.desc, &alpha, first, lt.first, second, lt.second,
+        &beta, out, lt.out, out, lt.out, &lt.algo, context.workspace,
+        kLtWorkspaceBytes, stream()));
+  }
 }
 
 //===----------------------------------------------------------------------===//

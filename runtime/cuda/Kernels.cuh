@@ -371,7 +371,33 @@ struct MatmulPlan {
   StridedIndex aFirst, bFirst;
 };
 
-/// The cuBLAS data type of matmul's A, B and C for element type T. Both
+/// One operand of a cuBLASLt GEMM as it lies in memory: a column-major
+/// rows x cols matrix with leading dimension ld, the next matrix of the
+/// batch `stride` elements further (0: the same one), read transposed or not.
+struct LtOperand {
+  int64_t rows, cols, ld, stride;
+  bool trans;
+};
+
+/// The strided-batched GEMM a MatmulPlan call is in cuBLASLt's column-major
+/// terms. A row-major [r, c] matrix read column-major is its [c, r]
+/// transpose, so the row-major C = op(A)·op(B) is computed as the
+/// column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's first operand is matmul's B
+/// and its second matmul's A, each with its own transpose flag; the product
+/// D (= Cᵀ) is rows x cols = n x plan.m, leading dimension n, `count` of them
+/// each rows·cols elements after the last.
+struct LtGemm {
+  LtOperand first, second;
+  int64_t rows, cols, depth;
+  int64_t count;
+};
+
+/// The cuBLASLt GEMM of each call of `plan` (which only shifts the base
+/// pointers between calls).
+LtGemm planLtGemm(const MatmulPlan &plan, int64_t n, int64_t k, bool transA,
+                  bool transB);
+
+/// The CUDA data type of matmul's A, B and C for element type T. Both
 /// multiply with fp32 accumulation (CUBLAS_COMPUTE_32F).
 template <typename T> constexpr cudaDataType_t gemmDataType() {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, __nv_bfloat16>,

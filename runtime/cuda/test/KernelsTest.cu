@@ -706,7 +706,64 @@ template <typename T> void checkMatmul(double tol) {
       }
 }
 
+/// The column-major strided-batched GEMM `g` describes, on the host, the
+/// way cuBLASLt defines it: D = op(first)·op(second), each product's D
+/// rows·cols elements after the last.
+void referenceLtGemm(const rt::cuda::detail::LtGemm &g, const float *first,
+                     const float *second, float *d) {
+  auto at = [](const rt::cuda::detail::LtOperand &x, const float *p,
+               int64_t row, int64_t col) {
+    // op(x)(row, col): stored transposed when x.trans.
+    return x.trans ? p[col + row * x.ld] : p[row + col * x.ld];
+  };
+  for (int64_t i = 0; i < g.count; ++i)
+    for (int64_t col = 0; col < g.cols; ++col)
+      for (int64_t row = 0; row < g.rows; ++row) {
+        double sum = 0;
+        for (int64_t l = 0; l < g.depth; ++l)
+          sum += double(at(g.first, first + i * g.first.stride, row, l)) *
+                 at(g.second, second + i * g.second.stride, l, col);
+        d[i * g.rows * g.cols + row + col * g.rows] = float(sum);
+      }
+}
+
 } // namespace
+
+// Tests the row-major to column-major mapping the cuBLASLt calls are made
+// with: for every case and transpose combination, the GEMMs planMatmul and
+// planLtGemm describe (cuBLASLt's column-major semantics, on the host) give
+// the CPU matmul's product.
+TEST(CudaKernelsHost, LtGemmMapping) {
+  namespace detail = rt::cuda::detail;
+  for (const MatmulCase &c : matmulCases())
+    for (bool transA : {false, true})
+      for (bool transB : {false, true}) {
+        if (c.k == 0)
+          continue; // matmul fills zeros without a GEMM
+        SCOPED_TRACE(::testing::Message()
+                     << c.name << " transA=" << transA << " transB=" << transB);
+        const int batchRank = int(c.batch.size());
+        auto a = randomReals(span(c.batch, c.aStrides, c.m * c.k));
+        auto b = randomReals(span(c.batch, c.bStrides, c.k * c.n));
+        const int64_t cSize = product(c.batch) * c.m * c.n;
+        const detail::MatmulPlan plan =
+            detail::planMatmul(batchRank, c.batch.data(), c.aStrides.data(),
+                               c.bStrides.data(), c.m, c.k, transA);
+        const detail::LtGemm gemm =
+            detail::planLtGemm(plan, c.n, c.k, transA, transB);
+        EXPECT_EQ(plan.calls * gemm.count * gemm.rows * gemm.cols, cSize);
+        std::vector<float> got(cSize, std::nanf(""));
+        for (int64_t call = 0; call < plan.calls; ++call)
+          referenceLtGemm(gemm, b.data() + plan.bFirst.offset(call),
+                          a.data() + plan.aFirst.offset(call),
+                          got.data() + call * plan.count * plan.m * c.n);
+        std::vector<float> want(cSize);
+        rt::cpu::matmul(want.data(), a.data(), b.data(), batchRank,
+                        c.batch.data(), c.aStrides.data(), c.bStrides.data(),
+                        c.m, c.n, c.k, transA, transB);
+        EXPECT_TRUE(near(got, want, 1e-5));
+      }
+}
 
 // Tests matmul against the CPU for every transpose combination and every
 // batch layout of matmulCases.
