@@ -4,8 +4,9 @@
 // pointer: into the arena at its planned offset (activations, and the weight
 // or gradient a parameter read or accumulation names), to a static array
 // (model.constant; CUDA: a __device__ array), or to its source
-// (model.reshape). Elementwise ops become one `elementwise` call with a
-// functor, so later fusion only has to compose functors. The CUDA source
+// (model.reshape). A pointwise op becomes one `elementwise` call with a
+// functor; a model.fused_elementwise one call whose functor runs its body's
+// ops in order on locals. The CUDA source
 // makes the same calls on the CUDA kernel library, whose calls enqueue work on
 // one stream; the loss is read back after the stream finishes.
 //
@@ -97,7 +98,13 @@ private:
   LogicalResult emitConstants(func::FuncOp step);
   LogicalResult emitPlan(const MemoryPlan &plan);
   LogicalResult emitOp(Operation *op);
-  LogicalResult emitElementwise(Operation *op, const std::string &expr);
+  /// One `elementwise` call computing `op`'s result from its operands with
+  /// a functor whose body is `functorBody` (statements on x0, x1, ...).
+  LogicalResult emitElementwise(Operation *op, const std::string &functorBody);
+  /// The C++ expression of a pointwise op on its operands x0, x1, ...
+  FailureOr<std::string> pointwiseExpr(Operation *op);
+  /// The functor body of a fused op: its ops in order, one local each.
+  FailureOr<std::string> fusedBody(FusedElementwiseOp fused);
   std::string name(Value v) { return names.lookup(v); }
   /// Declares the pointer for result `i` of `op` at its planned offset.
   LogicalResult bindResult(Operation *op, unsigned i);
@@ -114,7 +121,7 @@ private:
   std::string constants;
   std::string constantPointers; ///< CUDA: the step's pointers to them
   std::optional<MemoryPlan> plan; ///< the module's, read once
-  llvm::StringMap<std::string> functors; ///< expression -> functor name
+  llvm::StringMap<std::string> functors; ///< signature and body -> name
   std::string functorDefs;
 };
 } // namespace
@@ -315,7 +322,121 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
   return success();
 }
 
-LogicalResult CpuEmitter::emitElementwise(Operation *op, const std::string &expr) {
+FailureOr<std::string> CpuEmitter::pointwiseExpr(Operation *op) {
+  auto cmpExpr = [](CmpPredicate p) -> const char * {
+    switch (p) {
+    case CmpPredicate::eq: return "x0 == x1";
+    case CmpPredicate::ne: return "x0 != x1";
+    case CmpPredicate::lt: return "x0 < x1";
+    case CmpPredicate::le: return "x0 <= x1";
+    case CmpPredicate::gt: return "x0 > x1";
+    case CmpPredicate::ge: return "x0 >= x1";
+    }
+    return "false";
+  };
+  auto gelu = [](GeluApproximation a, StringRef call) {
+    return (call + (a == GeluApproximation::tanh ? ", true)" : ", false)")).str();
+  };
+  if (auto cast = dyn_cast<CastOp>(op)) {
+    Type to = tensorType(cast.getResult()).getElementType();
+    if (to.isInteger(1))
+      return std::string("x0 != 0");
+    // The stored type, even in a fused body: a cast to bf16 rounds.
+    auto type = cType(to, op);
+    if (failed(type))
+      return failure();
+    return "static_cast<" + *type + ">(x0)";
+  }
+  std::string expr =
+      llvm::TypeSwitch<Operation *, std::string>(op)
+          .Case<AddOp>([](auto) { return "x0 + x1"; })
+          .Case<SubOp>([](auto) { return "x0 - x1"; })
+          .Case<MulOp>([](auto) { return "x0 * x1"; })
+          .Case<DivOp>([](auto) { return "x0 / x1"; })
+          .Case<PowOp>([](auto) { return "std::pow(x0, x1)"; })
+          .Case<AndOp>([](auto) { return "x0 && x1"; })
+          .Case<OrOp>([](auto) { return "x0 || x1"; })
+          .Case<NotOp>([](auto) { return "!x0"; })
+          .Case<CmpOp>([&](CmpOp o) { return cmpExpr(o.getPredicate()); })
+          .Case<SelectOp>([](auto) { return "x0 ? x1 : x2"; })
+          .Case<SqrtOp>([](auto) { return "std::sqrt(x0)"; })
+          .Case<RsqrtOp>([](auto) { return "1.0f / std::sqrt(x0)"; })
+          .Case<ReciprocalOp>([](auto) { return "1.0f / x0"; })
+          .Case<NegOp>([](auto) { return "-x0"; })
+          .Case<ExpOp>([](auto) { return "fastExp(x0)"; })
+          .Case<LogOp>([](auto) { return "std::log(x0)"; })
+          .Case<TanhOp>([](auto) { return "fastTanh(x0)"; })
+          .Case<ErfOp>([](auto) { return "fastErf(x0)"; })
+          .Case<SigmoidOp>([](auto) { return "sigmoid(x0)"; })
+          .Case<ReluOp>([](auto) { return "x0 > 0.0f ? x0 : 0.0f"; })
+          .Case<SiluOp>([](auto) { return "silu(x0)"; })
+          .Case<SinOp>([](auto) { return "std::sin(x0)"; })
+          .Case<CosOp>([](auto) { return "std::cos(x0)"; })
+          .Case<GeluOp>([&](GeluOp o) {
+            return gelu(o.getApproximate(), "gelu(x0");
+          })
+          .Case<GeluGradOp>([&](GeluGradOp o) {
+            return gelu(o.getApproximate(), "geluGrad(x0, x1");
+          })
+          .Case<BroadcastOp>([](auto) { return "x0"; })
+          .Default([](Operation *) { return ""; });
+  if (expr.empty())
+    return op->emitOpError("has no pointwise expression"), failure();
+  return expr;
+}
+
+/// `expr` with each operand placeholder xI (an identifier of its own)
+/// replaced by names[I].
+static std::string substituteOperands(StringRef expr,
+                                      ArrayRef<std::string> names) {
+  std::string out;
+  auto isIdent = [](char c) { return llvm::isAlnum(c) || c == '_'; };
+  for (size_t i = 0; i < expr.size();) {
+    size_t digits = i + 1;
+    while (digits < expr.size() && llvm::isDigit(expr[digits]))
+      ++digits;
+    bool placeholder = expr[i] == 'x' && digits > i + 1 &&
+                       (i == 0 || !isIdent(expr[i - 1])) &&
+                       (digits == expr.size() || !isIdent(expr[digits]));
+    if (!placeholder) {
+      out += expr[i++];
+      continue;
+    }
+    unsigned index;
+    expr.slice(i + 1, digits).getAsInteger(10, index);
+    out += names[index];
+    i = digits;
+  }
+  return out;
+}
+
+FailureOr<std::string> CpuEmitter::fusedBody(FusedElementwiseOp fused) {
+  // One local per op in the compute type of its result (bf16 ones in float:
+  // not rounded between the ops), the inputs being x0, x1, ...
+  Block &body = fused.getBody().front();
+  DenseMap<Value, std::string> local;
+  for (BlockArgument arg : body.getArguments())
+    local[arg] = "x" + std::to_string(arg.getArgNumber());
+  std::string text;
+  for (Operation &op : body.without_terminator()) {
+    auto expr = pointwiseExpr(&op);
+    auto type = cType(tensorType(op.getResult(0)).getElementType(), &op);
+    if (failed(expr) || failed(type))
+      return failure();
+    SmallVector<std::string> operands;
+    for (Value v : op.getOperands())
+      operands.push_back(local.lookup(v));
+    std::string t = "t" + std::to_string(local.size() - body.getNumArguments());
+    text += computeType(*type) + " " + t + " = " +
+            substituteOperands(*expr, operands) + ";\n    ";
+    local[op.getResult(0)] = t;
+  }
+  return text + "return " +
+         local.lookup(cast<YieldOp>(body.getTerminator()).getValue()) + ";";
+}
+
+LogicalResult CpuEmitter::emitElementwise(Operation *op,
+                                          const std::string &functorBody) {
   Value r = op->getResult(0);
   ArrayRef<int64_t> shape = tensorType(r).getShape();
   int64_t rank = shape.size();
@@ -342,15 +463,14 @@ LogicalResult CpuEmitter::emitElementwise(Operation *op, const std::string &expr
   if (failed(storedOutType))
     return failure();
   std::string outType = computeType(*storedOutType);
-  std::string signature = outType + "(" + llvm::join(params, ", ") + ")";
-  std::string body = signature + " { return " + expr + "; }";
-  auto [it, inserted] =
-      functors.try_emplace(body, "F" + std::to_string(functors.size()));
+  std::string signature = outType + " operator()(" + llvm::join(params, ", ") +
+                          ") const";
+  auto [it, inserted] = functors.try_emplace(
+      signature + functorBody, "F" + std::to_string(functors.size()));
   if (inserted)
     functorDefs += "struct " + it->second + " {\n  " +
                    (target == Target::Cuda ? "__host__ __device__ " : "") +
-                   outType + " operator()(" + llvm::join(params, ", ") +
-                   ") const { return " + expr + "; }\n};\n";
+                   signature + " {\n    " + functorBody + "\n  }\n};\n";
   os << "    elementwise(" << name(r) << ", " << rank << ", shape, "
      << it->second << "{}, ";
   llvm::interleaveComma(operands, os);
@@ -360,17 +480,6 @@ LogicalResult CpuEmitter::emitElementwise(Operation *op, const std::string &expr
 
 LogicalResult CpuEmitter::emitOp(Operation *op) {
   auto shapeOf = [](Value v) { return tensorType(v).getShape(); };
-  auto cmpExpr = [](CmpPredicate p) -> const char * {
-    switch (p) {
-    case CmpPredicate::eq: return "x0 == x1";
-    case CmpPredicate::ne: return "x0 != x1";
-    case CmpPredicate::lt: return "x0 < x1";
-    case CmpPredicate::le: return "x0 <= x1";
-    case CmpPredicate::gt: return "x0 > x1";
-    case CmpPredicate::ge: return "x0 >= x1";
-    }
-    return "false";
-  };
   auto bindAll = [&]() -> LogicalResult {
     for (unsigned i = 0; i < op->getNumResults(); ++i)
       if (failed(bindResult(op, i)))
@@ -404,6 +513,11 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
            std::to_string(product(s.drop_front(dim + 1)));
   };
 
+  if (op->hasTrait<PointwiseTrait>()) {
+    auto expr = pointwiseExpr(op);
+    return failed(expr) ? failure()
+                        : emitElementwise(op, "return " + *expr + ";");
+  }
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
       .Case<ConstantOp>([&](auto) { return success(); })
       .Case<GetParameterOp>([&](GetParameterOp get) {
@@ -469,50 +583,9 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
           os << "  return " << name(ret.getOperand(0)) << "[0];\n";
         return success();
       })
-      // Elementwise.
-      .Case<AddOp>([&](auto o) { return emitElementwise(o, "x0 + x1"); })
-      .Case<SubOp>([&](auto o) { return emitElementwise(o, "x0 - x1"); })
-      .Case<MulOp>([&](auto o) { return emitElementwise(o, "x0 * x1"); })
-      .Case<DivOp>([&](auto o) { return emitElementwise(o, "x0 / x1"); })
-      .Case<PowOp>([&](auto o) { return emitElementwise(o, "std::pow(x0, x1)"); })
-      .Case<AndOp>([&](auto o) { return emitElementwise(o, "x0 && x1"); })
-      .Case<OrOp>([&](auto o) { return emitElementwise(o, "x0 || x1"); })
-      .Case<NotOp>([&](auto o) { return emitElementwise(o, "!x0"); })
-      .Case<CmpOp>([&](CmpOp o) {
-        return emitElementwise(o, cmpExpr(o.getPredicate()));
-      })
-      .Case<SelectOp>([&](auto o) { return emitElementwise(o, "x0 ? x1 : x2"); })
-      .Case<SqrtOp>([&](auto o) { return emitElementwise(o, "std::sqrt(x0)"); })
-      .Case<RsqrtOp>([&](auto o) { return emitElementwise(o, "1.0f / std::sqrt(x0)"); })
-      .Case<ReciprocalOp>([&](auto o) { return emitElementwise(o, "1.0f / x0"); })
-      .Case<NegOp>([&](auto o) { return emitElementwise(o, "-x0"); })
-      .Case<ExpOp>([&](auto o) { return emitElementwise(o, "fastExp(x0)"); })
-      .Case<LogOp>([&](auto o) { return emitElementwise(o, "std::log(x0)"); })
-      .Case<TanhOp>([&](auto o) { return emitElementwise(o, "fastTanh(x0)"); })
-      .Case<ErfOp>([&](auto o) { return emitElementwise(o, "fastErf(x0)"); })
-      .Case<SigmoidOp>([&](auto o) { return emitElementwise(o, "sigmoid(x0)"); })
-      .Case<ReluOp>([&](auto o) { return emitElementwise(o, "x0 > 0.0f ? x0 : 0.0f"); })
-      .Case<SiluOp>([&](auto o) { return emitElementwise(o, "silu(x0)"); })
-      .Case<SinOp>([&](auto o) { return emitElementwise(o, "std::sin(x0)"); })
-      .Case<CosOp>([&](auto o) { return emitElementwise(o, "std::cos(x0)"); })
-      .Case<GeluOp>([&](GeluOp o) {
-        return emitElementwise(
-            o, o.getApproximate() == GeluApproximation::tanh ? "gelu(x0, true)"
-                                                             : "gelu(x0, false)");
-      })
-      .Case<GeluGradOp>([&](GeluGradOp o) {
-        return emitElementwise(o, o.getApproximate() == GeluApproximation::tanh
-                                      ? "geluGrad(x0, x1, true)"
-                                      : "geluGrad(x0, x1, false)");
-      })
-      .Case<BroadcastOp>([&](auto o) { return emitElementwise(o, "x0"); })
-      .Case<CastOp>([&](CastOp o) -> LogicalResult {
-        auto to = cType(tensorType(o.getResult()).getElementType(), o);
-        if (failed(to))
-          return failure();
-        if (tensorType(o.getResult()).getElementType().isInteger(1))
-          return emitElementwise(o, "x0 != 0");
-        return emitElementwise(o, "static_cast<" + *to + ">(x0)");
+      .Case<FusedElementwiseOp>([&](FusedElementwiseOp fused) {
+        auto body = fusedBody(fused);
+        return failed(body) ? failure() : emitElementwise(fused, *body);
       })
       // Everything else is a kernel call.
       .Case<MatmulOp>([&](MatmulOp o) -> LogicalResult {

@@ -44,6 +44,14 @@ def Model_RequestType : TypeDef<Model_Dialect, "Request"> {
 class Model_Op<string mnemonic, list<Trait> traits = []>
     : Op<Model_Dialect, mnemonic, traits>;
 
+/// Each result element is a function of the operands' elements at the same
+/// index, operands broadcasting to the result's shape with NumPy rules (the
+/// shape aligned right, a size-1 dim repeated): the ops model.fused_elementwise
+/// may hold.
+def Model_Pointwise : NativeOpTrait<"PointwiseTrait"> {
+  let cppNamespace = "::mlir::fastllm::model";
+}
+
 //===----------------------------------------------------------------------===//
 // Enums
 //===----------------------------------------------------------------------===//

@@ -609,5 +609,44 @@ LogicalResult ClearGradsOp::verify() {
   return verifyStageSlot(*this, getStage(), getSlot());
 }
 
+/// Whether `shape` broadcasts to `to` (NumPy rules: aligned right, each dim
+/// equal or 1).
+static bool broadcastsTo(ArrayRef<int64_t> shape, ArrayRef<int64_t> to) {
+  if (shape.size() > to.size())
+    return false;
+  for (auto [d, size] : llvm::enumerate(llvm::reverse(shape)))
+    if (size != 1 && size != to[to.size() - 1 - d])
+      return false;
+  return true;
+}
+
+LogicalResult FusedElementwiseOp::verify() {
+  Block &body = getBody().front();
+  if (body.getArgumentTypes() != getInputs().getTypes())
+    return emitOpError("body arguments must have the inputs' types");
+  auto yield = dyn_cast<YieldOp>(body.getTerminator());
+  if (!yield)
+    return emitOpError("body must end with model.yield");
+  if (yield.getValue().getType() != getType())
+    return emitOpError("yields ") << yield.getValue().getType()
+                                  << ", not the result type " << getType();
+  ArrayRef<int64_t> shape = getType().getShape();
+  for (Value input : getInputs())
+    if (!broadcastsTo(tensorType(input).getShape(), shape))
+      return emitOpError("input of type ")
+             << input.getType() << " does not broadcast to the result's shape "
+             << shapeStr(shape);
+  for (Operation &op : body.without_terminator()) {
+    if (!op.hasTrait<PointwiseTrait>() || op.getNumResults() != 1)
+      return op.emitOpError("is not pointwise: model.fused_elementwise holds "
+                            "only pointwise ops");
+    if (!broadcastsTo(tensorType(op.getResult(0)).getShape(), shape))
+      return op.emitOpError("result does not broadcast to the fused result's "
+                            "shape ")
+             << shapeStr(shape);
+  }
+  return success();
+}
+
 #define GET_OP_CLASSES
 #include "ir/ModelOps.cpp.inc"

@@ -22,6 +22,14 @@
 #define GET_TYPEDEF_CLASSES
 #include "ir/ModelTypes.h.inc"
 
+namespace mlir::fastllm::model {
+/// Model_Pointwise (ModelBase.td): the op's result elements are functions of
+/// its operands' elements at the same broadcast index.
+template <typename ConcreteType>
+class PointwiseTrait : public OpTrait::TraitBase<ConcreteType, PointwiseTrait> {
+};
+} // namespace mlir::fastllm::model
+
 #define GET_OP_CLASSES
 #include "ir/ModelOps.h.inc"
 

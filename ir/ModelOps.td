@@ -86,7 +86,7 @@ def Model_ConstantOp : Model_Op<"constant",
 
 /// Binary elementwise op with NumPy broadcasting; operand element types match.
 class Model_BinaryOp<string mnemonic, Type operandType, list<Trait> traits = []>
-    : Model_Op<mnemonic, !listconcat([Pure], traits)> {
+    : Model_Op<mnemonic, !listconcat([Pure, Model_Pointwise], traits)> {
   let arguments = (ins operandType:$lhs, operandType:$rhs);
   let results = (outs operandType:$result);
   let assemblyFormat = [{
@@ -110,7 +110,7 @@ def Model_PowOp : Model_BinaryOp<"pow", Model_Tensor, [Differentiable]> { let su
 def Model_AndOp : Model_BinaryOp<"and", Model_BoolTensor> { let summary = "elementwise logical and"; }
 def Model_OrOp : Model_BinaryOp<"or", Model_BoolTensor> { let summary = "elementwise logical or"; }
 
-def Model_CmpOp : Model_Op<"cmp", [Pure]> {
+def Model_CmpOp : Model_Op<"cmp", [Pure, Model_Pointwise]> {
   let summary = "elementwise comparison with broadcasting, giving i1";
   let description = [{
     ```mlir
@@ -126,7 +126,7 @@ def Model_CmpOp : Model_Op<"cmp", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Model_SelectOp : Model_Op<"select", [Pure, Differentiable]> {
+def Model_SelectOp : Model_Op<"select", [Pure, Model_Pointwise, Differentiable]> {
   let summary = "elementwise cond ? on_true : on_false, with broadcasting";
   let description = [{
     ```mlir
@@ -145,7 +145,8 @@ def Model_SelectOp : Model_Op<"select", [Pure, Differentiable]> {
 
 /// Unary elementwise op: result type equals operand type.
 class Model_UnaryOp<string mnemonic, Type operandType, list<Trait> traits = []>
-    : Model_Op<mnemonic, !listconcat([Pure, SameOperandsAndResultType], traits)> {
+    : Model_Op<mnemonic, !listconcat([Pure, Model_Pointwise,
+                                      SameOperandsAndResultType], traits)> {
   let arguments = (ins operandType:$input);
   let results = (outs operandType:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
@@ -171,7 +172,8 @@ def Model_SinOp : Model_UnaryOp<"sin", Model_FloatTensor, [Differentiable]> { le
 def Model_CosOp : Model_UnaryOp<"cos", Model_FloatTensor, [Differentiable]> { let summary = "elementwise cosine"; }
 def Model_NotOp : Model_UnaryOp<"not", Model_BoolTensor> { let summary = "elementwise logical not"; }
 
-def Model_GeluOp : Model_Op<"gelu", [Pure, Differentiable, SameOperandsAndResultType]> {
+def Model_GeluOp : Model_Op<"gelu", [Pure, Model_Pointwise, Differentiable,
+                                     SameOperandsAndResultType]> {
   let summary = "elementwise GELU, exact (erf) or tanh-approximated";
   let description = [{
     `none` is x * 0.5 * (1 + erf(x / sqrt(2))); `tanh` is
@@ -306,7 +308,7 @@ def Model_GatherOp : Model_Op<"gather", [Pure, Differentiable]> {
   let hasVerifier = 1;
 }
 
-def Model_BroadcastOp : Model_Op<"broadcast", [Pure, Differentiable]> {
+def Model_BroadcastOp : Model_Op<"broadcast", [Pure, Model_Pointwise, Differentiable]> {
   let summary = "broadcasts a tensor to a larger shape with NumPy rules";
   let description = [{
     ```mlir
@@ -319,7 +321,7 @@ def Model_BroadcastOp : Model_Op<"broadcast", [Pure, Differentiable]> {
   let hasVerifier = 1;
 }
 
-def Model_CastOp : Model_Op<"cast", [Pure, Differentiable]> {
+def Model_CastOp : Model_Op<"cast", [Pure, Model_Pointwise, Differentiable]> {
   let summary = "converts the element type, keeping the shape";
   let description = [{
     Float to integer truncates toward zero; anything to i1 is `x != 0`.
@@ -601,7 +603,7 @@ def Model_RmsNormGradOp : Model_Op<"rms_norm_grad", [Pure,
 }
 
 def Model_GeluGradOp : Model_Op<"gelu_grad",
-    [Pure, AllTypesMatch<["input", "grad", "result"]>]> {
+    [Pure, Model_Pointwise, AllTypesMatch<["input", "grad", "result"]>]> {
   let summary = "gradient of model.gelu: grad * gelu'(input)";
   let description = [{
     ```mlir
@@ -769,6 +771,46 @@ def Model_ClearGradsOp : Model_Op<"clear_grads", [MemoryEffects<[MemWrite]>]> {
   let arguments = (ins I64Attr:$stage, I64Attr:$slot);
   let assemblyFormat = "`stage` $stage `slot` $slot attr-dict";
   let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Kernel fusion (fastllm-fuse-elementwise)
+//===----------------------------------------------------------------------===//
+
+def Model_FusedElementwiseOp : Model_Op<"fused_elementwise",
+    [Pure, IsolatedFromAbove, SingleBlock]> {
+  let summary = "pointwise ops computed in one pass, intermediates unstored";
+  let description = [{
+    The body takes one tensor argument per input and yields the result; its
+    ops are pointwise (Model_Pointwise). Every input broadcasts to the
+    result's shape, so the body is evaluated once per result element with
+    each value at that index: a chain of pointwise ops becomes one kernel
+    whose intermediates stay in registers (in the compute type, fp32 for
+    bf16: a bf16 intermediate is not rounded unless a model.cast says so).
+
+    ```mlir
+    %r = model.fused_elementwise (%a, %b) : (tensor<2x4xf32>, tensor<4xf32>) -> tensor<2x4xf32> {
+    ^bb0(%x: tensor<2x4xf32>, %y: tensor<4xf32>):
+      %s = model.add %x, %y : tensor<2x4xf32>, tensor<4xf32> -> tensor<2x4xf32>
+      %t = model.tanh %s : tensor<2x4xf32>
+      model.yield %t : tensor<2x4xf32>
+    }
+    ```
+  }];
+  let arguments = (ins Variadic<Model_Tensor>:$inputs);
+  let results = (outs Model_Tensor:$result);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    `(` $inputs `)` attr-dict `:` functional-type($inputs, $result) $body
+  }];
+  let hasVerifier = 1;
+}
+
+def Model_YieldOp : Model_Op<"yield",
+    [Pure, Terminator, HasParent<"FusedElementwiseOp">]> {
+  let summary = "the result of a model.fused_elementwise body";
+  let arguments = (ins Model_Tensor:$value);
+  let assemblyFormat = "$value attr-dict `:` type($value)";
 }
 
 #endif // FASTLLM_IR_MODELOPS_TD

@@ -34,6 +34,17 @@ def FoldTransposesPass : Pass<"fastllm-fold-transposes", "ModuleOp"> {
   }];
 }
 
+def FuseElementwisePass : Pass<"fastllm-fuse-elementwise", "ModuleOp"> {
+  let summary = "turns chains of pointwise ops into model.fused_elementwise";
+  let description = [{
+    Before memory planning: a pointwise op and the pointwise producers whose
+    every use is in its group (same stage and direction, no op with memory
+    effects in between, the group's shape or a cast or broadcast, at most 8
+    inputs) become one model.fused_elementwise at the last op's place; its
+    intermediates get no buffer and the emitter writes one kernel for it.
+  }];
+}
+
 def MixedPrecisionPass : Pass<"fastllm-mixed-precision", "ModuleOp"> {
   let summary = "computes @forward in bf16 with fp32 weights, gradients and loss";
   let description = [{

@@ -517,3 +517,63 @@ func.func @f(%q: tensor<2x3x4xf32>, %v: tensor<2x3x4xf32>) {
   %o, %l = model.causal_attention %q, %q, %v scale 1.0 : tensor<2x3x4xf32>, tensor<2x3x4xf32>, tensor<2x3x4xf32> -> tensor<2x3x4xf32>, tensor<2xf32>
   return
 }
+
+// -----
+
+func.func @f(%x: tensor<2x4xf32>, %b: tensor<3xf32>) -> tensor<2x4xf32> {
+  // expected-error @+1 {{input of type 'tensor<3xf32>' does not broadcast to the result's shape [2, 4]}}
+  %r = model.fused_elementwise (%x, %b) : (tensor<2x4xf32>, tensor<3xf32>) -> tensor<2x4xf32> {
+  ^bb0(%a: tensor<2x4xf32>, %c: tensor<3xf32>):
+    model.yield %a : tensor<2x4xf32>
+  }
+  return %r : tensor<2x4xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %r = model.fused_elementwise (%x) : (tensor<2x4xf32>) -> tensor<2x4xf32> {
+  ^bb0(%a: tensor<2x4xf32>):
+    // expected-error @+1 {{is not pointwise: model.fused_elementwise holds only pointwise ops}}
+    %s = model.softmax %a dim 1 : tensor<2x4xf32>
+    model.yield %s : tensor<2x4xf32>
+  }
+  return %r : tensor<2x4xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  // expected-error @+1 {{yields 'tensor<2x4xbf16>', not the result type 'tensor<2x4xf32>'}}
+  %r = model.fused_elementwise (%x) : (tensor<2x4xf32>) -> tensor<2x4xf32> {
+  ^bb0(%a: tensor<2x4xf32>):
+    %c = model.cast %a : tensor<2x4xf32> -> tensor<2x4xbf16>
+    model.yield %c : tensor<2x4xbf16>
+  }
+  return %r : tensor<2x4xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  // expected-error @+1 {{body arguments must have the inputs' types}}
+  %r = model.fused_elementwise (%x) : (tensor<2x4xf32>) -> tensor<2x4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %b = model.broadcast %a : tensor<4xf32> -> tensor<2x4xf32>
+    model.yield %b : tensor<2x4xf32>
+  }
+  return %r : tensor<2x4xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %r = model.fused_elementwise (%x) : (tensor<2x4xf32>) -> tensor<2x4xf32> {
+  ^bb0(%a: tensor<2x4xf32>):
+    // expected-error @+1 {{result does not broadcast to the fused result's shape [2, 4]}}
+    %b = model.broadcast %a : tensor<2x4xf32> -> tensor<3x2x4xf32>
+    %s = model.reduce_sum %b dims [0] : tensor<3x2x4xf32> -> tensor<2x4xf32>
+    model.yield %s : tensor<2x4xf32>
+  }
+  return %r : tensor<2x4xf32>
+}

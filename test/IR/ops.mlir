@@ -127,5 +127,16 @@ func.func @forward(%tokens: tensor<2x4xi64>, %targets: tensor<2x4xi64>) -> tenso
   %logp = model.log_softmax %logits dim 2 : tensor<2x4x8xf32>
   // CHECK: model.nll_loss %{{.*}}, %{{.*}} reduction sum : tensor<2x4x8xf32>, tensor<2x4xi64> -> tensor<f32>
   %nll = model.nll_loss %logp, %targets reduction sum : tensor<2x4x8xf32>, tensor<2x4xi64> -> tensor<f32>
+  // CHECK: model.fused_elementwise(%{{.*}}, %{{.*}}) : (tensor<2x4x8xf32>, tensor<8xf32>) -> tensor<2x4x8xf32> {
+  // CHECK-NEXT: ^bb0(%[[A:.*]]: tensor<2x4x8xf32>, %[[B:.*]]: tensor<8xf32>):
+  // CHECK-NEXT: %[[S:.*]] = model.add %[[A]], %[[B]] : tensor<2x4x8xf32>, tensor<8xf32> -> tensor<2x4x8xf32>
+  // CHECK-NEXT: %[[T:.*]] = model.tanh %[[S]] : tensor<2x4x8xf32>
+  // CHECK-NEXT: model.yield %[[T]] : tensor<2x4x8xf32>
+  %fused = model.fused_elementwise (%logits, %g) : (tensor<2x4x8xf32>, tensor<8xf32>) -> tensor<2x4x8xf32> {
+  ^bb0(%a: tensor<2x4x8xf32>, %b: tensor<8xf32>):
+    %s = model.add %a, %b : tensor<2x4x8xf32>, tensor<8xf32> -> tensor<2x4x8xf32>
+    %t = model.tanh %s : tensor<2x4x8xf32>
+    model.yield %t : tensor<2x4x8xf32>
+  }
   return %loss : tensor<f32>
 }
