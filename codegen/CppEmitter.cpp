@@ -17,6 +17,7 @@
 #include "passes/MemoryPlan.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Traits.h"
 #include "mlir/IR/DialectResourceBlobManager.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -101,6 +102,9 @@ private:
   /// One `elementwise` call computing `op`'s result from its operands with
   /// a functor whose body is `functorBody` (statements on x0, x1, ...).
   LogicalResult emitElementwise(Operation *op, const std::string &functorBody);
+  /// A `call` (matmul, addMatmul) of op(lhs)·op(rhs) into `out`.
+  void emitMatmul(StringRef call, const std::string &out, Value lhs, Value rhs,
+                  bool transA, bool transB, const std::string &comment);
   /// The C++ expression of a pointwise op on its operands x0, x1, ...
   FailureOr<std::string> pointwiseExpr(Operation *op);
   /// The functor body of a fused op: its ops in order, one local each.
@@ -478,6 +482,31 @@ LogicalResult CpuEmitter::emitElementwise(Operation *op,
   return success();
 }
 
+void CpuEmitter::emitMatmul(StringRef call, const std::string &out, Value lhs,
+                            Value rhs, bool transA, bool transB,
+                            const std::string &comment) {
+  ArrayRef<int64_t> a = tensorType(lhs).getShape(),
+                    b = tensorType(rhs).getShape();
+  // A transposed operand is stored [..., K, M] (lhs) or [..., N, K] (rhs);
+  // its batch strides are the same as the product's view.
+  int64_t m = transA ? a.back() : a[a.size() - 2];
+  int64_t k = transA ? a[a.size() - 2] : a.back();
+  int64_t n = transB ? b[b.size() - 2] : b.back();
+  SmallVector<int64_t> batch;
+  OpTrait::util::getBroadcastedShape(a.drop_back(2), b.drop_back(2), batch);
+  int64_t batchRank = batch.size();
+  auto batchStrides = [&](ArrayRef<int64_t> s) {
+    SmallVector<int64_t> full = broadcastStrides(s, batchRank + 2);
+    return SmallVector<int64_t>(ArrayRef<int64_t>(full).take_front(batchRank));
+  };
+  os << "  {\n    static const int64_t bs[] = " << list(batch)
+     << ", as[] = " << list(batchStrides(a)) << ", bs2[] = "
+     << list(batchStrides(b)) << ";\n    " << call << "(" << out << ", "
+     << name(lhs) << ", " << name(rhs) << ", " << batchRank << ", bs, as, bs2, "
+     << m << ", " << n << ", " << k << ", " << (transA ? "true" : "false")
+     << ", " << (transB ? "true" : "false") << ");" << comment << "\n  }\n";
+}
+
 LogicalResult CpuEmitter::emitOp(Operation *op) {
   auto shapeOf = [](Value v) { return tensorType(v).getShape(); };
   auto bindAll = [&]() -> LogicalResult {
@@ -591,26 +620,21 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
       .Case<MatmulOp>([&](MatmulOp o) -> LogicalResult {
         if (failed(bindAll()))
           return failure();
-        ArrayRef<int64_t> a = shapeOf(o.getLhs()), b = shapeOf(o.getRhs()),
-                          c = shapeOf(o.getResult());
-        int64_t batchRank = c.size() - 2;
-        auto batchStrides = [&](ArrayRef<int64_t> s) {
-          SmallVector<int64_t> full = broadcastStrides(s, c.size());
-          return SmallVector<int64_t>(ArrayRef<int64_t>(full).take_front(batchRank));
-        };
-        // A transposed operand is stored [..., K, M] (lhs) or [..., N, K]
-        // (rhs); its batch strides are the same as the product's view.
-        const bool transA = o.getTransposeLhs(), transB = o.getTransposeRhs();
-        int64_t m = transA ? a.back() : a[a.size() - 2];
-        int64_t k = transA ? a[a.size() - 2] : a.back();
-        int64_t n = transB ? b[b.size() - 2] : b.back();
-        os << "  {\n    static const int64_t bs[] = " << list(c.take_front(batchRank))
-           << ", as[] = " << list(batchStrides(a)) << ", bs2[] = "
-           << list(batchStrides(b)) << ";\n    matmul(" << name(o.getResult())
-           << ", " << name(o.getLhs()) << ", " << name(o.getRhs()) << ", "
-           << batchRank << ", bs, as, bs2, " << m << ", " << n << ", " << k
-           << ", " << (transA ? "true" : "false") << ", "
-           << (transB ? "true" : "false") << ");\n  }\n";
+        emitMatmul("matmul", name(o.getResult()), o.getLhs(), o.getRhs(),
+                   o.getTransposeLhs(), o.getTransposeRhs(), "");
+        return success();
+      })
+      .Case<MatmulAccumulateGradOp>([&](MatmulAccumulateGradOp o) {
+        auto offset = o->getAttrOfType<IntegerAttr>(kGradOffsetAttr);
+        if (!offset)
+          return o.emitOpError("has no planned gradient address; run "
+                               "fastllm-plan-memory"),
+                 failure();
+        emitMatmul("addMatmul",
+                   "reinterpret_cast<float *>(arena + " +
+                       std::to_string(offset.getInt()) + ")",
+                   o.getLhs(), o.getRhs(), o.getTransposeLhs(),
+                   o.getTransposeRhs(), " // @" + o.getName().str());
         return success();
       })
       .Case<TransposeOp>([&](TransposeOp o) -> LogicalResult {

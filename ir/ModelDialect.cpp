@@ -150,34 +150,73 @@ LogicalResult SelectOp::verify() {
 // Linear algebra and data movement
 //===----------------------------------------------------------------------===//
 
+/// The shape of op(lhs)·op(rhs) (model.matmul's rules), or failure with a
+/// diagnostic on `op`.
+static FailureOr<SmallVector<int64_t>> matmulShape(Operation *op, Value lhs,
+                                                   Value rhs, bool transLhs,
+                                                   bool transRhs) {
+  SmallVector<int64_t> a(tensorType(lhs).getShape());
+  SmallVector<int64_t> b(tensorType(rhs).getShape());
+  if (a.size() < 2 || b.size() < 2)
+    return op->emitOpError("operands must have rank >= 2, got ")
+           << a.size() << " and " << b.size();
+  // The shapes the product reads.
+  if (transLhs)
+    std::swap(a[a.size() - 1], a[a.size() - 2]);
+  if (transRhs)
+    std::swap(b[b.size() - 1], b[b.size() - 2]);
+  if (a.back() != b[b.size() - 2])
+    return op->emitOpError("contraction dims differ: lhs ")
+           << shapeStr(a) << " has K = " << a.back() << ", rhs " << shapeStr(b)
+           << " has K = " << b[b.size() - 2];
+  SmallVector<int64_t> shape;
+  if (!OpTrait::util::getBroadcastedShape(ArrayRef<int64_t>(a).drop_back(2),
+                                          ArrayRef<int64_t>(b).drop_back(2),
+                                          shape))
+    return op->emitOpError("batch dims are not broadcast-compatible: ")
+           << shapeStr(a) << " and " << shapeStr(b);
+  shape.push_back(a[a.size() - 2]);
+  shape.push_back(b.back());
+  return shape;
+}
+
 LogicalResult MatmulOp::verify() {
   if (failed(verifySameElementType(*this, {getLhs(), getRhs(), getResult()})))
     return failure();
-  SmallVector<int64_t> a(tensorType(getLhs()).getShape());
-  SmallVector<int64_t> b(tensorType(getRhs()).getShape());
-  if (a.size() < 2 || b.size() < 2)
-    return emitOpError("operands must have rank >= 2, got ")
-           << a.size() << " and " << b.size();
-  // The shapes the product reads.
-  if (getTransposeLhs())
-    std::swap(a[a.size() - 1], a[a.size() - 2]);
-  if (getTransposeRhs())
-    std::swap(b[b.size() - 1], b[b.size() - 2]);
-  if (a.back() != b[b.size() - 2])
-    return emitOpError("contraction dims differ: lhs ")
-           << shapeStr(a) << " has K = " << a.back() << ", rhs " << shapeStr(b)
-           << " has K = " << b[b.size() - 2];
-  SmallVector<int64_t> batch;
-  if (!OpTrait::util::getBroadcastedShape(ArrayRef<int64_t>(a).drop_back(2),
-                                          ArrayRef<int64_t>(b).drop_back(2), batch))
-    return emitOpError("batch dims are not broadcast-compatible: ")
-           << shapeStr(a) << " and " << shapeStr(b);
-  batch.push_back(a[a.size() - 2]);
-  batch.push_back(b.back());
-  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(batch))
+  auto shape = matmulShape(*this, getLhs(), getRhs(), getTransposeLhs(),
+                           getTransposeRhs());
+  if (failed(shape))
+    return failure();
+  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(*shape))
     return emitOpError("result shape ")
            << shapeStr(tensorType(getResult()).getShape()) << " should be "
-           << shapeStr(batch);
+           << shapeStr(*shape);
+  return success();
+}
+
+LogicalResult MatmulAccumulateGradOp::verify() {
+  if (failed(verifySameElementType(*this, {getLhs(), getRhs()})))
+    return failure();
+  return matmulShape(*this, getLhs(), getRhs(), getTransposeLhs(),
+                     getTransposeRhs());
+}
+
+LogicalResult MatmulAccumulateGradOp::verifySymbolUses(
+    SymbolTableCollection &symbolTable) {
+  auto param =
+      symbolTable.lookupNearestSymbolFrom<ParameterOp>(*this, getNameAttr());
+  if (!param)
+    return emitOpError("'") << getName() << "' does not name a model.parameter";
+  if (param.getFrozen())
+    return emitOpError("parameter '") << getName() << "' is frozen";
+  auto shape = matmulShape(*this, getLhs(), getRhs(), getTransposeLhs(),
+                           getTransposeRhs());
+  if (failed(shape))
+    return failure();
+  if (param.getTensorType().getShape() != ArrayRef<int64_t>(*shape))
+    return emitOpError("product shape ")
+           << shapeStr(*shape) << " differs from parameter '" << getName()
+           << "' of shape " << shapeStr(param.getTensorType().getShape());
   return success();
 }
 

@@ -774,7 +774,7 @@ def Model_ClearGradsOp : Model_Op<"clear_grads", [MemoryEffects<[MemWrite]>]> {
 }
 
 //===----------------------------------------------------------------------===//
-// Kernel fusion (fastllm-fuse-elementwise)
+// Kernel fusion (fastllm-fuse-elementwise, fastllm-fuse-grad-accumulation)
 //===----------------------------------------------------------------------===//
 
 def Model_FusedElementwiseOp : Model_Op<"fused_elementwise",
@@ -803,6 +803,30 @@ def Model_FusedElementwiseOp : Model_Op<"fused_elementwise",
   let assemblyFormat = [{
     `(` $inputs `)` attr-dict `:` functional-type($inputs, $result) $body
   }];
+  let hasVerifier = 1;
+}
+
+def Model_MatmulAccumulateGradOp : Model_Op<"matmul_accumulate_grad",
+    [DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+     MemoryEffects<[MemWrite]>]> {
+  let summary = "adds a matmul's product into a parameter's gradient";
+  let description = [{
+    `grad(@name) += op(lhs)·op(rhs)`, the product as model.matmul computes it
+    (with the same transpose flags, accumulating in fp32) and added in the
+    gradient's type (fp32) without first being rounded to the operands'
+    type: one GEMM where model.accumulate_grad of a matmul (widened by a
+    model.cast for bf16 operands) would store the product, widen it and add
+    it. fastllm-fuse-grad-accumulation makes it, after the distributed plan;
+    it accumulates where the model.accumulate_grad did (same plan.slot).
+
+    ```mlir
+    model.matmul_accumulate_grad @w, %x, %g {transpose_lhs} : tensor<32x64xbf16>, tensor<32x256xbf16>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$name, Model_FloatTensor:$lhs,
+                       Model_FloatTensor:$rhs, UnitAttr:$transpose_lhs,
+                       UnitAttr:$transpose_rhs);
+  let assemblyFormat = "$name `,` $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs)";
   let hasVerifier = 1;
 }
 

@@ -45,6 +45,18 @@ def FuseElementwisePass : Pass<"fastllm-fuse-elementwise", "ModuleOp"> {
   }];
 }
 
+def FuseGradAccumulationPass : Pass<"fastllm-fuse-grad-accumulation", "ModuleOp"> {
+  let summary = "weight gradients added into their buffers by the GEMM";
+  let description = [{
+    After fastllm-verify-collectives: `model.accumulate_grad` of a matmul's
+    product (through a bf16-to-f32 cast and a matrix transpose, each
+    optional, every value with one use, no op with memory effects between
+    the matmul and the accumulate) becomes one
+    `model.matmul_accumulate_grad` at the accumulate's place, keeping its
+    stage and gradient slot.
+  }];
+}
+
 def MixedPrecisionPass : Pass<"fastllm-mixed-precision", "ModuleOp"> {
   let summary = "computes @forward in bf16 with fp32 weights, gradients and loss";
   let description = [{

@@ -32,6 +32,7 @@ void mlir::fastllm::buildCpuTrainingPipeline(
   pm.addPass(createZeroLayoutPass(zero));
   pm.addPass(createZeroCollectivesPass());
   pm.addPass(createVerifyCollectivesPass());
+  pm.addPass(createFuseGradAccumulationPass());
   pm.addPass(createFuseElementwisePass());
   pm.addPass(createPlanMemoryPass());
 }

@@ -267,8 +267,9 @@ void PlanMemoryPass::runOnOperation() {
       if (!(address = paramAddress(&op, get.getName(), slotOf(&op), false)))
         return signalPassFailure();
       op.setAttr(kResultOffsetsAttr, b.getDenseI64ArrayAttr({*address}));
-    } else if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
-      if (!(address = paramAddress(&op, acc.getName(), slotOf(&op), true)))
+    } else if (isa<AccumulateGradOp, MatmulAccumulateGradOp>(op)) {
+      auto name = op.getAttrOfType<FlatSymbolRefAttr>("name").getValue();
+      if (!(address = paramAddress(&op, name, slotOf(&op), true)))
         return signalPassFailure();
       op.setAttr(kGradOffsetAttr, b.getI64IntegerAttr(*address));
     }

@@ -230,10 +230,11 @@ void configureBlas() {
 /// Below this many flops a batched product stays on one thread.
 static constexpr double kMinParallelFlops = 1 << 20;
 
-void matmul(float *c, const float *a, const float *b, int batchRank,
-            const int64_t *batchShape, const int64_t *aBatchStrides,
-            const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
-            bool transA, bool transB) {
+/// C = op(A)·op(B) + beta·C (beta 0 or 1).
+static void gemm(float *c, const float *a, const float *b, int batchRank,
+                 const int64_t *batchShape, const int64_t *aBatchStrides,
+                 const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
+                 bool transA, bool transB, float beta) {
   assert(batchRank >= 0 && batchRank <= kMaxRank && "rank above kMaxRank");
   int64_t dims[kMaxRank], strides[2][kMaxRank];
   for (int d = 0; d < batchRank; ++d) {
@@ -244,8 +245,11 @@ void matmul(float *c, const float *a, const float *b, int batchRank,
   int64_t batch = numElements(batchRank, batchShape);
   if (batch == 0 || m == 0 || n == 0)
     return;
-  if (k == 0)
-    return fill(c, batch * m * n, 0.f);
+  if (k == 0) {
+    if (beta == 0.f)
+      fill(c, batch * m * n, 0.f);
+    return;
+  }
   int rank = detail::collapseDims(batchRank, dims, 2, strides);
   // A stack of A matrices times one shared B is a single taller product.
   if (rank == 1 && strides[1][0] == 0 && strides[0][0] == m * k && !transA) {
@@ -290,8 +294,24 @@ void matmul(float *c, const float *a, const float *b, int batchRank,
     }
     cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
                 transB ? CblasTrans : CblasNoTrans, rows, cols, k, 1.f, pa, lda,
-                pb, ldb, 0.f, pc, n);
+                pb, ldb, beta, pc, n);
   });
+}
+
+void matmul(float *c, const float *a, const float *b, int batchRank,
+            const int64_t *batchShape, const int64_t *aBatchStrides,
+            const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
+            bool transA, bool transB) {
+  gemm(c, a, b, batchRank, batchShape, aBatchStrides, bBatchStrides, m, n, k,
+       transA, transB, 0.f);
+}
+
+void addMatmul(float *acc, const float *a, const float *b, int batchRank,
+               const int64_t *batchShape, const int64_t *aBatchStrides,
+               const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
+               bool transA, bool transB) {
+  gemm(acc, a, b, batchRank, batchShape, aBatchStrides, bBatchStrides, m, n, k,
+       transA, transB, 1.f);
 }
 
 //===----------------------------------------------------------------------===//

@@ -386,6 +386,13 @@ void matmul(float *c, const float *a, const float *b, int batchRank,
             const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
             bool transA, bool transB);
 
+/// acc += op(A) @ op(B): matmul's product (same arguments) added into acc,
+/// a gradient buffer, in one GEMM.
+void addMatmul(float *acc, const float *a, const float *b, int batchRank,
+               const int64_t *batchShape, const int64_t *aBatchStrides,
+               const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
+               bool transA, bool transB);
+
 //===----------------------------------------------------------------------===//
 // Data movement
 //===----------------------------------------------------------------------===//

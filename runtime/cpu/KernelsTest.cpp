@@ -376,6 +376,17 @@ void checkMatmul(const MatmulCase &c, unsigned seed) {
       expectAllClose(out, refMatmul(a, b, c, transA, transB), 1e-5, 2e-6 * c.k,
                      "transA=" + std::to_string(transA) +
                          " transB=" + std::to_string(transB));
+      // addMatmul adds the same product into what the buffer holds.
+      auto acc = randomFloats(out.size(), seed + 2);
+      std::vector<double> want = refMatmul(a, b, c, transA, transB);
+      for (size_t i = 0; i < want.size(); ++i)
+        want[i] += acc[i];
+      addMatmul(acc.data(), a.data(), b.data(), int(c.batch.size()),
+                c.batch.data(), c.aStrides.data(), c.bStrides.data(), c.m, c.n,
+                c.k, transA, transB);
+      expectAllClose(acc, want, 1e-5, 2e-6 * (c.k + 1),
+                     "addMatmul transA=" + std::to_string(transA) +
+                         " transB=" + std::to_string(transB));
     }
 }
 
@@ -412,6 +423,15 @@ TEST(MatmulTest, EmptyContraction) {
          false, false);
   for (float v : out)
     EXPECT_EQ(v, 0.f);
+}
+
+// Tests that addMatmul with an empty contraction leaves the buffer as it is.
+TEST(MatmulTest, AddMatmulEmptyContraction) {
+  std::vector<float> acc = {1.f, -2.f, 3.f, 4.f, 5.f, 6.f};
+  const std::vector<float> before = acc;
+  addMatmul(acc.data(), nullptr, nullptr, 0, nullptr, nullptr, nullptr, 2, 3,
+            0, false, false);
+  EXPECT_EQ(acc, before);
 }
 
 // Tests that OpenBLAS runs vector kernels: Debian's 0.3.21 falls back to its

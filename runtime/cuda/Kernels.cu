@@ -381,14 +381,16 @@ cublasLtMatrixLayout_t ltLayout(cudaDataType_t type, int64_t rows,
   return layout;
 }
 
-const LtPlan &ltPlan(cudaDataType_t type, const detail::LtGemm &g,
-                     const uint32_t align[3]) {
-  using Key = std::array<int64_t, 14>;
+/// The plan of GEMM `g` on `type` operands with an `outType` product, the
+/// operands (first, second, out) aligned to `align` bytes.
+const LtPlan &ltPlan(cudaDataType_t type, cudaDataType_t outType,
+                     const detail::LtGemm &g, const uint32_t align[3]) {
+  using Key = std::array<int64_t, 15>;
   static std::map<Key, LtPlan> plans;
-  const Key key = {type,          g.rows,          g.cols,         g.depth,
-                   g.count,       g.first.ld,      g.first.stride, g.first.trans,
-                   g.second.ld,   g.second.stride, g.second.trans, align[0],
-                   align[1],      align[2]};
+  const Key key = {type,        outType,         g.rows,         g.cols,
+                   g.depth,     g.count,         g.first.ld,     g.first.stride,
+                   g.first.trans, g.second.ld,   g.second.stride, g.second.trans,
+                   align[0],    align[1],        align[2]};
   auto [it, inserted] = plans.try_emplace(key);
   LtPlan &plan = it->second;
   if (!inserted)
@@ -408,7 +410,8 @@ const LtPlan &ltPlan(cudaDataType_t type, const detail::LtGemm &g,
                         g.first.stride);
   plan.second = ltLayout(type, g.second.rows, g.second.cols, g.second.ld,
                          g.count, g.second.stride);
-  plan.out = ltLayout(type, g.rows, g.cols, g.rows, g.count, g.rows * g.cols);
+  plan.out =
+      ltLayout(outType, g.rows, g.cols, g.rows, g.count, g.rows * g.cols);
 
   cublasLtMatmulPreference_t preference;
   FASTLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -445,6 +448,40 @@ const LtPlan &ltPlan(cudaDataType_t type, const detail::LtGemm &g,
   return plan;
 }
 
+/// c = op(A)·op(B) + beta·c, c of type TOut (T, or float to accumulate).
+template <typename T, typename TOut>
+void gemm(TOut *c, const T *a, const T *b, int batchRank,
+          const int64_t *batchShape, const int64_t *aBatchStrides,
+          const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
+          bool transA, bool transB, float beta) {
+  int64_t batch = numElements(batchRank, batchShape);
+  if (batch == 0 || m == 0 || n == 0)
+    return;
+  if (k == 0) {
+    if (beta == 0.f)
+      fill(c, batch * m * n, 0.f);
+    return;
+  }
+  const detail::MatmulPlan plan = detail::planMatmul(
+      batchRank, batchShape, aBatchStrides, bBatchStrides, m, k, transA);
+  const detail::LtGemm gemm = detail::planLtGemm(plan, n, k, transA, transB);
+  const LtContext &context = ltContext();
+  const float alpha = 1.f;
+  for (int64_t call = 0; call < plan.calls; ++call) {
+    const T *first = b + plan.bFirst.offset(call);
+    const T *second = a + plan.aFirst.offset(call);
+    TOut *out = c + call * plan.count * plan.m * n;
+    const uint32_t align[3] = {alignmentOf(first), alignmentOf(second),
+                               alignmentOf(out)};
+    const LtPlan &lt = ltPlan(detail::gemmDataType<T>(),
+                              detail::gemmDataType<TOut>(), gemm, align);
+    FASTLLM_CUBLAS_CHECK(cublasLtMatmul(
+        context.handle, lt.desc, &alpha, first, lt.first, second, lt.second,
+        &beta, out, lt.out, out, lt.out, &lt.algo, context.workspace,
+        kLtWorkspaceBytes, stream()));
+  }
+}
+
 } // namespace
 
 template <typename T>
@@ -452,28 +489,17 @@ void matmul(T *c, const T *a, const T *b, int batchRank,
             const int64_t *batchShape, const int64_t *aBatchStrides,
             const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
             bool transA, bool transB) {
-  int64_t batch = numElements(batchRank, batchShape);
-  if (batch == 0 || m == 0 || n == 0)
-    return;
-  if (k == 0)
-    return fill(c, batch * m * n, 0.f);
-  const detail::MatmulPlan plan = detail::planMatmul(
-      batchRank, batchShape, aBatchStrides, bBatchStrides, m, k, transA);
-  const detail::LtGemm gemm = detail::planLtGemm(plan, n, k, transA, transB);
-  const LtContext &context = ltContext();
-  const float alpha = 1.f, beta = 0.f;
-  for (int64_t call = 0; call < plan.calls; ++call) {
-    const T *first = b + plan.bFirst.offset(call);
-    const T *second = a + plan.aFirst.offset(call);
-    T *out = c + call * plan.count * plan.m * n;
-    const uint32_t align[3] = {alignmentOf(first), alignmentOf(second),
-                               alignmentOf(out)};
-    const LtPlan &lt = ltPlan(detail::gemmDataType<T>(), gemm, align);
-    FASTLLM_CUBLAS_CHECK(cublasLtMatmul(
-        context.handle, lt.desc, &alpha, first, lt.first, second, lt.second,
-        &beta, out, lt.out, out, lt.out, &lt.algo, context.workspace,
-        kLtWorkspaceBytes, stream()));
-  }
+  gemm(c, a, b, batchRank, batchShape, aBatchStrides, bBatchStrides, m, n, k,
+       transA, transB, 0.f);
+}
+
+template <typename T>
+void addMatmul(float *acc, const T *a, const T *b, int batchRank,
+               const int64_t *batchShape, const int64_t *aBatchStrides,
+               const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
+               bool transA, bool transB) {
+  gemm(acc, a, b, batchRank, batchShape, aBatchStrides, bBatchStrides, m, n, k,
+       transA, transB, 1.f);
 }
 
 //===----------------------------------------------------------------------===//
@@ -1871,6 +1897,10 @@ void nllLossGrad(T *dinput, const Idx *targets, const float *dloss,
   template void matmul<T>(T *, const T *, const T *, int, const int64_t *,     \
                           const int64_t *, const int64_t *, int64_t, int64_t,  \
                           int64_t, bool, bool);                                \
+  template void addMatmul<T>(float *, const T *, const T *, int,               \
+                             const int64_t *, const int64_t *,                 \
+                             const int64_t *, int64_t, int64_t, int64_t, bool, \
+                             bool);                                            \
   template void softmax<T>(T *, const T *, int64_t, int64_t, int64_t, bool);   \
   template void softmaxGrad<T>(T *, const T *, const T *, int64_t, int64_t,    \
                                int64_t, bool);                                 \

@@ -559,16 +559,26 @@ void elementwise(Out *out, int rank, const int64_t *shape, F f, In<T>... ins) {
 /// a + Σ idx·aBatchStrides and is [m, k] ([k, m] when transA), row-major;
 /// likewise B is [k, n] ([n, k] when transB). A zero batch stride broadcasts.
 ///
-/// cuBLAS on one process-wide handle bound to stream(): one strided-batched
-/// GEMM per index of the batch dims that do not collapse into one (usually a
-/// single call). T is float or __nv_bfloat16, and both accumulate in fp32
-/// (CUBLAS_COMPUTE_32F): float products are full fp32 (never TF32); bf16
-/// products run on tensor cores, and C is rounded to bf16 once.
+/// cuBLASLt on one process-wide handle, enqueued on stream(): one
+/// strided-batched GEMM per index of the batch dims that do not collapse
+/// into one (usually a single call). T is float or __nv_bfloat16, and both
+/// accumulate in fp32 (CUBLAS_COMPUTE_32F): float products are full fp32
+/// (never TF32); bf16 products run on tensor cores, and C is rounded to bf16
+/// once.
 template <typename T>
 void matmul(T *c, const T *a, const T *b, int batchRank,
             const int64_t *batchShape, const int64_t *aBatchStrides,
             const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
             bool transA, bool transB);
+
+/// acc += op(A) @ op(B) with matmul's arguments, acc fp32 (a gradient
+/// buffer): the GEMM adds its fp32 product into acc (beta = 1), never
+/// rounding it to T.
+template <typename T>
+void addMatmul(float *acc, const T *a, const T *b, int batchRank,
+               const int64_t *batchShape, const int64_t *aBatchStrides,
+               const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
+               bool transA, bool transB);
 
 //===----------------------------------------------------------------------===//
 // Data movement

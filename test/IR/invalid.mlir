@@ -577,3 +577,21 @@ func.func @f(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
   }
   return %r : tensor<2x4xf32>
 }
+
+// -----
+
+model.parameter @w : tensor<4x8xf32>
+func.func @f(%x: tensor<6x4xf32>, %h: tensor<4x8xf32>) {
+  // expected-error @+1 {{product shape [6, 8] differs from parameter 'w' of shape [4, 8]}}
+  model.matmul_accumulate_grad @w, %x, %h : tensor<6x4xf32>, tensor<4x8xf32>
+  return
+}
+
+// -----
+
+model.parameter @w : tensor<4x8xf32>
+func.func @f(%x: tensor<6x4xf32>, %g: tensor<6x8xf32>) {
+  // expected-error @+1 {{contraction dims differ}}
+  model.matmul_accumulate_grad @w, %x, %g : tensor<6x4xf32>, tensor<6x8xf32>
+  return
+}

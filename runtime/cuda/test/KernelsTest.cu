@@ -703,6 +703,29 @@ template <typename T> void checkMatmul(double tol) {
                         c.batch.data(), c.aStrides.data(), c.bStrides.data(),
                         c.m, c.n, c.k, transA, transB);
         EXPECT_TRUE(near(got, want, tol));
+
+        // addMatmul: the product, unrounded (fp32 for either T), added into
+        // an fp32 buffer; compared with the CPU's addMatmul on the same
+        // (rounded) inputs, so within the float tolerance.
+        auto acc = randomReals(cSize);
+        std::vector<float> wantAcc = acc;
+        DeviceArray<float> dacc(acc);
+        if constexpr (std::is_same_v<T, bf16>) {
+          // a and b hold bf16 values already (rounded above).
+          DeviceArray<bf16> da(roundToBf16(a)), db(roundToBf16(b));
+          rt::cuda::addMatmul(dacc.get(), da.get(), db.get(), batchRank,
+                              c.batch.data(), c.aStrides.data(),
+                              c.bStrides.data(), c.m, c.n, c.k, transA, transB);
+        } else {
+          DeviceArray<float> da(a), db(b);
+          rt::cuda::addMatmul(dacc.get(), da.get(), db.get(), batchRank,
+                              c.batch.data(), c.aStrides.data(),
+                              c.bStrides.data(), c.m, c.n, c.k, transA, transB);
+        }
+        rt::cpu::addMatmul(wantAcc.data(), a.data(), b.data(), batchRank,
+                           c.batch.data(), c.aStrides.data(), c.bStrides.data(),
+                           c.m, c.n, c.k, transA, transB);
+        EXPECT_TRUE(near(dacc.download(), wantAcc, 1e-4)) << "addMatmul";
       }
 }
 
@@ -765,11 +788,12 @@ TEST(CudaKernelsHost, LtGemmMapping) {
       }
 }
 
-// Tests matmul against the CPU for every transpose combination and every
-// batch layout of matmulCases.
+// Tests matmul and addMatmul against the CPU for every transpose combination
+// and every batch layout of matmulCases.
 TEST_F(CudaKernels, Matmul) { checkMatmul<float>(1e-4); }
 
-// Tests the bf16 matmul (bf16 A, B and C, fp32 accumulation) the same way.
+// Tests the bf16 matmul (bf16 A, B and C, fp32 accumulation) and addMatmul
+// (bf16 A and B, fp32 accumulator) the same way.
 TEST_F(CudaKernels, Bf16Matmul) { checkMatmul<bf16>(kBf16LongTol); }
 
 //===----------------------------------------------------------------------===//
