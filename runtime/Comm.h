@@ -23,6 +23,7 @@
 
 #include "runtime/Status.h"
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -94,8 +95,11 @@ public:
   void setTimeout(double seconds) { timeoutSeconds = seconds; }
   double timeout() const { return timeoutSeconds; }
   /// The 1-based training step named in error messages; 0 before training.
-  void setStep(int64_t step) { currentStep = step; }
-  int64_t step() const { return currentStep; }
+  /// Atomic: a watchdog thread reads it while the loop sets it.
+  void setStep(int64_t step) {
+    currentStep.store(step, std::memory_order_relaxed);
+  }
+  int64_t step() const { return currentStep.load(std::memory_order_relaxed); }
 
   /// out[i] = sum over ranks of in[i], for i < n. `in == out` is in place.
   void allReduceSum(const float *in, float *out, int64_t n);
@@ -148,7 +152,7 @@ private:
   int myRank = 0, worldSize = 1, myLocalRank = 0;
   bool ownsMpi = false; ///< created by create(): finalises MPI
   double timeoutSeconds = 300;
-  int64_t currentStep = 0;
+  std::atomic<int64_t> currentStep{0};
   CommBytes counters;
 };
 

@@ -38,6 +38,12 @@ Status fastllm::rt::initDevice(int localRank) {
     return errorf("cannot create the compute stream: %s",
                   cudaGetErrorString(err));
   cuda::setStream(compute);
+  // Kernels' stream-ordered scratch (cudaMallocAsync) stays in the pool
+  // between steps instead of going back to the driver at every sync.
+  cudaMemPool_t pool;
+  uint64_t keep = UINT64_MAX;
+  if (cudaDeviceGetDefaultMemPool(&pool, localRank % count) == cudaSuccess)
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
   return Status();
 }
 
@@ -47,6 +53,13 @@ Expected<Arena> fastllm::rt::allocateArena(int64_t bytes) {
   size_t freeBefore = 0, freeAfter = 0, total = 0;
   void *data = nullptr;
   cudaError_t err = cudaMemGetInfo(&freeBefore, &total);
+  // Managed memory larger than the GPU would not fail: it would live partly
+  // in host memory, slowly, and the measured figure would hide it.
+  if (err == cudaSuccess && size_t(bytes) > freeBefore)
+    return errorf("the model's %lld-byte arena does not fit in the GPU's "
+                  "%lld free bytes (of %lld); lower --batch-size or raise "
+                  "--dp/--zero-stage",
+                  (long long)bytes, (long long)freeBefore, (long long)total);
   if (err == cudaSuccess)
     err = cudaMallocManaged(&data, size_t(bytes));
   // Resident on this GPU: the host's reads and writes between steps are
@@ -140,30 +153,44 @@ void fastllm::rt::deviceAddScaled(float *out, const float *in, int64_t n,
 
 namespace {
 
-/// AdamW::pieces() on the device, uploaded once per optimizer.
+/// AdamW::pieces() on the device, uploaded again only when they change.
 struct DevicePieces {
-  const AdamW *owner = nullptr;
+  std::vector<AdamW::Chunk> host; ///< what `chunks` holds
   AdamW::Chunk *chunks = nullptr;
   double *partials = nullptr; ///< one sum of squares per piece
   int64_t count = 0;
 };
 
+bool samePieces(const std::vector<AdamW::Chunk> &a,
+                const std::vector<AdamW::Chunk> &b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const AdamW::Chunk &x, const AdamW::Chunk &y) {
+                      return x.begin == y.begin && x.end == y.end &&
+                             x.decay == y.decay;
+                    });
+}
+
 const DevicePieces &piecesOf(const AdamW &opt) {
   static DevicePieces cached;
-  if (cached.owner == &opt)
+  const std::vector<AdamW::Chunk> &host = opt.pieces();
+  if (cached.chunks && samePieces(cached.host, host))
     return cached;
-  if (cached.chunks) {
+  if (cached.chunks) { // the kernels that read them ran on the same stream
+    FASTLLM_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
     FASTLLM_CUDA_CHECK(cudaFree(cached.chunks));
     FASTLLM_CUDA_CHECK(cudaFree(cached.partials));
   }
-  const std::vector<AdamW::Chunk> &host = opt.pieces();
-  cached = {&opt, nullptr, nullptr, int64_t(host.size())};
+  cached.host = host;
+  cached.count = int64_t(host.size());
   size_t n = std::max<size_t>(host.size(), 1);
   FASTLLM_CUDA_CHECK(cudaMalloc(&cached.chunks, n * sizeof(AdamW::Chunk)));
   FASTLLM_CUDA_CHECK(cudaMalloc(&cached.partials, n * sizeof(double)));
-  FASTLLM_CUDA_CHECK(cudaMemcpy(cached.chunks, host.data(),
-                                host.size() * sizeof(AdamW::Chunk),
-                                cudaMemcpyHostToDevice));
+  // On the compute stream (non-blocking: a legacy-stream copy would not be
+  // ordered before the kernels that read the table), from the cache's own
+  // copy, which outlives the transfer.
+  FASTLLM_CUDA_CHECK(cudaMemcpyAsync(
+      cached.chunks, cached.host.data(), host.size() * sizeof(AdamW::Chunk),
+      cudaMemcpyHostToDevice, cuda::stream()));
   return cached;
 }
 

@@ -370,6 +370,9 @@ struct LtPlan {
 cublasLtMatrixLayout_t ltLayout(cudaDataType_t type, int64_t rows,
                                 int64_t cols, int64_t ld, int64_t count,
                                 int64_t stride) {
+  if (count > std::numeric_limits<int32_t>::max())
+    detail::fail(__FILE__, __LINE__, "cuBLASLt batch",
+                 "more than 2^31 - 1 products in one GEMM call");
   cublasLtMatrixLayout_t layout;
   FASTLLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld));
   const int32_t batch = int32_t(count);
@@ -1567,7 +1570,9 @@ void reserveSharedMemory(Kernel *kernel, size_t bytes, const char *caller,
 /// Blocks of a launch over `batch` problems of `t` rows: one per tile.
 unsigned attentionBlocks(int64_t batch, int64_t t) {
   int64_t blocks = batch * ((t + kAttnTile - 1) / kAttnTile);
-  assert(blocks <= std::numeric_limits<int>::max() && "too many tiles");
+  if (blocks > std::numeric_limits<int>::max())
+    detail::fail(__FILE__, __LINE__, "attention launch",
+                 "more than 2^31 - 1 tiles");
   return static_cast<unsigned>(blocks);
 }
 
