@@ -452,10 +452,24 @@ ReducePlan planReduce(int rank, const int64_t *shape, const bool *reducedDims);
 int64_t gatherGradBands(int64_t outer, int64_t dimSize, int64_t inner);
 
 /// The kernels of causalAttention and causalAttentionGrad.
-enum class AttentionKernel { Forward, QueryGrad, KeyValueGrad };
+/// The scalar kernels (any head dims, fp32 or bf16) and the tensor-core ones
+/// (bf16, head dims multiples of 16; Tc*).
+enum class AttentionKernel {
+  Forward,
+  QueryGrad,
+  KeyValueGrad,
+  TcForward,
+  TcQueryGrad,
+  TcKeyValueGrad
+};
 
 /// The dynamic shared memory `kernel` needs for head dims d and dv.
 size_t attentionSharedBytes(AttentionKernel kernel, int64_t d, int64_t dv);
+
+/// Whether head dims d and dv suit the tensor-core kernels (multiples of
+/// 16); bf16 attention uses them then, when the pointers are 16-byte
+/// aligned and the GPU has the shared memory they need.
+bool tensorCoreAttentionShape(int64_t d, int64_t dv);
 
 //===----------------------------------------------------------------------===//
 // Device-side helpers of the templates below
@@ -741,7 +755,9 @@ void rmsNormGrad(T *dx, detail::NoDeduce<T> *dscale, const T *x, const T *scale,
 /// lse: [batch, t] = the log-sum-exp of each masked, scaled score row (saved
 /// for the backward). Launch: a block of 8 warps per 32 query rows, each
 /// warp keeping a running max and sum (online softmax) for 4 rows while it
-/// walks the key tiles up to the diagonal.
+/// walks the key tiles up to the diagonal. bf16 with head dims multiples of
+/// 16 (tensorCoreAttentionShape) runs on tensor cores instead: 4 warps per
+/// 64 query rows, Q·Kᵀ and P·V as WMMA products with P rounded to bf16.
 template <typename T>
 void causalAttention(T *out, float *lse, const T *q, const T *k, const T *v,
                      int64_t batch, int64_t t, int64_t d, int64_t dv,
@@ -753,7 +769,9 @@ void causalAttention(T *out, float *lse, const T *q, const T *k, const T *v,
 /// dS = P∘(dout vᵀ - D), dQ = scale·dS k, dK = scale·dSᵀ q. Launch: one
 /// kernel with a block per 32 key rows (dK, dV) walking the query tiles from
 /// the diagonal down, then one with a block per 32 query rows (dQ) walking
-/// the key tiles up to the diagonal; no atomics.
+/// the key tiles up to the diagonal; no atomics. The tensor-core version
+/// (as for the forward) has the same two kernels over 64-row tiles, its
+/// products on WMMA with P and dS rounded to bf16.
 template <typename T>
 void causalAttentionGrad(T *dQ, T *dK, T *dV, const T *q, const T *k,
                          const T *v, const T *out, const float *lse,

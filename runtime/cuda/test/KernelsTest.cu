@@ -297,6 +297,28 @@ TEST(CudaKernelsHost, AttentionSharedBytes) {
   // Odd head dims need no padding.
   EXPECT_EQ(attentionSharedBytes(AttentionKernel::Forward, 17, 5),
             (32 * (17 + 17 + 5 + 5) + 256) * sizeof(float));
+
+  // Tensor cores, 64-row tiles. Forward: bf16 q, k, v [64][64], fp32
+  // scores [64][64], bf16 P [64][64], fp32 o [64][64].
+  const size_t tile = 64 * 64;
+  EXPECT_EQ(attentionSharedBytes(AttentionKernel::TcForward, 64, 64),
+            3 * tile * 2 + tile * 4 + tile * 2 + tile * 4);
+  // dQ: bf16 q, k, v, dout; fp32 scores and dP; bf16 dS; fp32 dq; lse, D.
+  EXPECT_EQ(attentionSharedBytes(AttentionKernel::TcQueryGrad, 64, 64),
+            4 * tile * 2 + 2 * tile * 4 + tile * 2 + tile * 4 + 2 * 64 * 4);
+  // dK/dV: the same plus bf16 P and fp32 dv.
+  EXPECT_EQ(attentionSharedBytes(AttentionKernel::TcKeyValueGrad, 64, 64),
+            4 * tile * 2 + 2 * tile * 4 + 2 * tile * 2 + 2 * tile * 4 +
+                2 * 64 * 4);
+  // d = dv = 128 fits an H100 (227 KiB per block).
+  for (auto kernel : {AttentionKernel::TcForward, AttentionKernel::TcQueryGrad,
+                      AttentionKernel::TcKeyValueGrad})
+    EXPECT_LE(attentionSharedBytes(kernel, 128, 128), size_t(227 * 1024));
+  EXPECT_TRUE(rt::cuda::detail::tensorCoreAttentionShape(64, 64));
+  EXPECT_TRUE(rt::cuda::detail::tensorCoreAttentionShape(16, 128));
+  EXPECT_FALSE(rt::cuda::detail::tensorCoreAttentionShape(40, 16));
+  EXPECT_FALSE(rt::cuda::detail::tensorCoreAttentionShape(64, 17));
+  EXPECT_FALSE(rt::cuda::detail::tensorCoreAttentionShape(0, 16));
 }
 
 // Tests the element types' host-side choices: matmul's cuBLAS data type for
@@ -1533,15 +1555,20 @@ TEST_F(CudaKernels, Bf16RmsNormAndGrad) {
 }
 
 // Tests bf16 causal attention (bf16 q, k, v, out; float lse) and its
-// gradients, on lengths below and above the tile and head dims d ≠ dv.
+// gradients, on lengths below and above the tiles and head dims d ≠ dv: the
+// scalar kernels (dims not multiples of 16) and the tensor-core ones (one
+// token, exactly one 64-row tile, tiles past t, d ≠ dv, d = 128).
 TEST_F(CudaKernels, Bf16CausalAttentionAndGrad) {
   struct Case {
     int64_t batch, t, d, dv;
   };
-  for (Case c :
-       {Case{3, 33, 16, 24}, Case{2, 70, 64, 64}, Case{1, 129, 40, 17}}) {
-    SCOPED_TRACE(::testing::Message() << "batch " << c.batch << " t " << c.t
-                                      << " d " << c.d << " dv " << c.dv);
+  for (Case c : {Case{3, 33, 16, 24}, Case{1, 129, 40, 17}, Case{2, 70, 64, 64},
+                 Case{3, 1, 16, 16}, Case{1, 64, 32, 16}, Case{2, 130, 64, 64},
+                 Case{1, 200, 128, 128}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "batch " << c.batch << " t " << c.t << " d " << c.d
+                 << " dv " << c.dv << " tensor cores "
+                 << rt::cuda::detail::tensorCoreAttentionShape(c.d, c.dv));
     const float scale = 1.f / std::sqrt(float(c.d));
     const int64_t qSize = c.batch * c.t * c.d, vSize = c.batch * c.t * c.dv;
     auto q = randomReals(qSize, -2, 2), k = randomReals(qSize, -2, 2),
