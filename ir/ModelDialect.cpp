@@ -603,7 +603,13 @@ AccumulateGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
                                                                  getNameAttr());
   if (!param)
     return emitOpError("'") << getName() << "' does not name a model.parameter";
-  if (param.getType() != getGrad().getType())
+  // A bf16 gradient of an f32 parameter is widened (exactly) as it is added.
+  auto grad = cast<RankedTensorType>(getGrad().getType());
+  auto type = param.getTensorType();
+  bool widened = grad.getElementType().isBF16() &&
+                 type.getElementType().isF32() &&
+                 grad.getShape() == type.getShape();
+  if (grad != type && !widened)
     return emitOpError("gradient type ")
            << getGrad().getType() << " does not match parameter type "
            << param.getType();

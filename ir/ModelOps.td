@@ -525,7 +525,9 @@ def Model_AccumulateGradOp : Model_Op<"accumulate_grad",
   let description = [{
     The training step's output: `grad(@name) += grad`. A parameter read in
     several places (a tied embedding and head) gets one accumulate per read,
-    so its gradient is the sum of all uses.
+    so its gradient is the sum of all uses. `grad` has the parameter's type,
+    or is bf16 for an f32 parameter: widened (exactly) as it is added
+    (fastllm-fuse-grad-accumulation folds autodiff's widening casts so).
 
     ```mlir
     model.accumulate_grad @wte, %g : tensor<256x64xf32>

@@ -15,6 +15,9 @@
 // values has another use or an op with memory effects lies between the
 // matmul and the accumulate (its operands are read at the accumulate).
 //
+// Any other accumulate of a widened bf16 value adds the bf16 value itself
+// (model.accumulate_grad widens as it adds): no f32 copy is stored.
+//
 //===----------------------------------------------------------------------===//
 
 #include "passes/Passes.h"
@@ -59,9 +62,20 @@ bool quietBetween(Operation *from, Operation *to) {
   return true;
 }
 
-/// Rewrites `acc` when its gradient is a matmul's product (see the file
-/// comment).
-void fuse(AccumulateGradOp acc) {
+/// Makes `acc` add the bf16 value a widening cast of it reads (the
+/// accumulate widens it as it adds).
+void foldWideningCast(AccumulateGradOp acc) {
+  auto cast = acc.getGrad().getDefiningOp<CastOp>();
+  if (!cast || !isWidening(cast) || !cast.getResult().hasOneUse() ||
+      cast->getBlock() != acc->getBlock() || !quietBetween(cast, acc))
+    return;
+  acc.getGradMutable().assign(cast.getInput());
+  cast.erase();
+}
+
+/// Rewrites (and erases) `acc` when its gradient is a matmul's product (see
+/// the file comment); returns whether it did.
+bool fuse(AccumulateGradOp acc) {
   SmallVector<Operation *> chain; // accumulate first, matmul last
   bool transposed = false;
   Value v = acc.getGrad();
@@ -69,7 +83,7 @@ void fuse(AccumulateGradOp acc) {
   while (!matmul) {
     Operation *def = v.getDefiningOp();
     if (!def || !v.hasOneUse() || def->getBlock() != acc->getBlock())
-      return;
+      return false;
     if (auto cast = dyn_cast<CastOp>(def); cast && isWidening(cast)) {
       v = cast.getInput();
     } else if (auto t = dyn_cast<TransposeOp>(def);
@@ -79,12 +93,12 @@ void fuse(AccumulateGradOp acc) {
     } else if (auto m = dyn_cast<MatmulOp>(def)) {
       matmul = m;
     } else {
-      return;
+      return false;
     }
     chain.push_back(def);
   }
   if (!quietBetween(matmul, acc))
-    return;
+    return false;
   Value lhs = matmul.getLhs(), rhs = matmul.getRhs();
   bool transLhs = matmul.getTransposeLhs(), transRhs = matmul.getTransposeRhs();
   if (transposed) {
@@ -102,6 +116,7 @@ void fuse(AccumulateGradOp acc) {
   acc.erase();
   for (Operation *op : chain)
     op->erase();
+  return true;
 }
 } // namespace
 
@@ -110,5 +125,6 @@ void FuseGradAccumulationPass::runOnOperation() {
   getOperation().walk(
       [&](AccumulateGradOp acc) { accumulates.push_back(acc); });
   for (AccumulateGradOp acc : accumulates)
-    fuse(acc);
+    if (!fuse(acc))
+      foldWideningCast(acc);
 }

@@ -595,3 +595,12 @@ func.func @f(%x: tensor<6x4xf32>, %g: tensor<6x8xf32>) {
   model.matmul_accumulate_grad @w, %x, %g : tensor<6x4xf32>, tensor<6x8xf32>
   return
 }
+
+// -----
+
+model.parameter @w : tensor<4x8xf32>
+func.func @f(%g: tensor<8x4xbf16>) {
+  // expected-error @+1 {{gradient type 'tensor<8x4xbf16>' does not match parameter type 'tensor<4x8xf32>'}}
+  model.accumulate_grad @w, %g : tensor<8x4xbf16>
+  return
+}

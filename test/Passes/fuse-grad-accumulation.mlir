@@ -3,8 +3,9 @@
 // Tests that model.accumulate_grad of a matmul's product becomes one
 // model.matmul_accumulate_grad at the accumulate's place (keeping its
 // attributes), through autodiff's bf16-to-f32 cast and through a matrix
-// transpose (operands swapped, flags flipped), and that a product with
-// another use or an op with memory effects in between keeps them apart.
+// transpose (operands swapped, flags flipped), that a product with another
+// use or an op with memory effects in between keeps them apart, and that
+// other widened bf16 gradients are accumulated without the cast.
 
 model.parameter @w : tensor<4x8xf32>
 // CHECK-LABEL: func.func @fp32
@@ -71,5 +72,20 @@ func.func @effects_between(%x: tensor<4x6xf32>, %g: tensor<6x8xf32>) {
   %p = model.matmul %x, %g : tensor<4x6xf32>, tensor<6x8xf32> -> tensor<4x8xf32>
   model.clear_grads stage 0 slot 0
   model.accumulate_grad @w, %p : tensor<4x8xf32>
+  return
+}
+
+// -----
+
+// Any other widened bf16 gradient is added as bf16 (the accumulate widens).
+model.parameter @b : tensor<8xf32>
+// CHECK-LABEL: func.func @widened
+func.func @widened(%g: tensor<4x8xbf16>) {
+  // CHECK-NEXT: %[[S:.*]] = model.reduce_sum %arg0
+  // CHECK-NEXT: model.accumulate_grad @b, %[[S]] : tensor<8xbf16>
+  // CHECK-NEXT: return
+  %s = model.reduce_sum %g dims [0] : tensor<4x8xbf16> -> tensor<8xbf16>
+  %f = model.cast %s : tensor<8xbf16> -> tensor<8xf32>
+  model.accumulate_grad @b, %f : tensor<8xf32>
   return
 }
