@@ -446,5 +446,10 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                  (long long)commFirst->allGatherBytes, gather,
                  (long long)commFirst->allReduceBytes);
   }
+  // Every rank has received all it will: the shard communicator may now be
+  // torn down without waiting for peers (NCCL's is aborted, not finalised,
+  // so that a rank leaving on an error never hangs there).
+  synchronizeDevice();
+  comm.barrier();
   return Status();
 }

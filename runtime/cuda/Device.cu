@@ -54,11 +54,14 @@ Expected<Arena> fastllm::rt::allocateArena(int64_t bytes) {
   void *data = nullptr;
   cudaError_t err = cudaMemGetInfo(&freeBefore, &total);
   // Managed memory larger than the GPU would not fail: it would live partly
-  // in host memory, slowly, and the measured figure would hide it.
-  if (err == cudaSuccess && size_t(bytes) > freeBefore)
-    return errorf("the model's %lld-byte arena does not fit in the GPU's "
-                  "%lld free bytes (of %lld); lower --batch-size or raise "
-                  "--dp/--zero-stage",
+  // in host memory, slowly, and the measured figure would hide it. NCCL's
+  // buffers, cuBLASLt's workspace and kernels' scratch come after it: keep
+  // 1 GiB for them.
+  constexpr size_t kHeadroom = size_t(1) << 30;
+  if (err == cudaSuccess && size_t(bytes) + kHeadroom > freeBefore)
+    return errorf("the model's %lld-byte arena and 1 GiB for the libraries "
+                  "do not fit in the GPU's %lld free bytes (of %lld); lower "
+                  "--batch-size or raise --dp/--zero-stage",
                   (long long)bytes, (long long)freeBefore, (long long)total);
   if (err == cudaSuccess)
     err = cudaMallocManaged(&data, size_t(bytes));

@@ -34,7 +34,7 @@
 // it back on the same stream. No kernel materialises the t x t attention
 // scores.
 //
-// Errors: generated code has no error path, so a failing CUDA or cuBLAS call
+// Errors: generated code has no error path, so a failing CUDA or cuBLASLt call
 // prints its file, line and reason and aborts the process.
 //
 // Templates that take a caller's functor (elementwise) and the trivial ones

@@ -14,9 +14,10 @@
 // reports an asynchronous error (a peer died), the first thread to see it
 // prints `train: error: rank R: step S: <collective> ...`, aborts the
 // communicator (ncclCommAbort) and ends the process with exit code 1;
-// mpirun then ends the job. Teardown aborts too (after the compute stream
-// has finished, nothing is pending on a clean exit): finalising would wait
-// for peers, and a rank leaving on an error would hang there.
+// mpirun then ends the job. Teardown aborts too: finalising would wait for
+// peers, and a rank leaving on an error would hang there; a clean run ends
+// training with a barrier after its last collective (runtime/Train.cpp), so
+// no peer still needs this rank's buffers or sends by then.
 //
 //===----------------------------------------------------------------------===//
 

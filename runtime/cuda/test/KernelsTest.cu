@@ -321,7 +321,7 @@ TEST(CudaKernelsHost, AttentionSharedBytes) {
   EXPECT_FALSE(rt::cuda::detail::tensorCoreAttentionShape(0, 16));
 }
 
-// Tests the element types' host-side choices: matmul's cuBLAS data type for
+// Tests the element types' host-side choices: matmul's cuBLASLt data type for
 // float and bf16, and that a bf16 kernel computes in float (the others in
 // their own type).
 TEST(CudaKernelsHost, ElementTypes) {
@@ -470,7 +470,7 @@ int64_t product(const std::vector<int64_t> &shape) {
 /// float computation itself differs from the CPU's by ~1e-5 (the float
 /// tests' tolerance). kBf16Tol, about 2^-8, is twice the rounding bound.
 /// Matmul and attention sum long products in another order than the CPU
-/// (cuBLAS's tensor-core tiles, attention's tiles) and already differ by
+/// (cuBLASLt's tensor-core tiles, attention's tiles) and already differ by
 /// up to 1e-4 in float: kBf16LongTol allows those sums' float differences
 /// on top of the rounding.
 constexpr double kBf16Tol = 4e-3;
@@ -676,7 +676,7 @@ int64_t span(const std::vector<int64_t> &batch,
 }
 
 /// No batch, a contiguous batch, an A stack on a shared B, broadcasts on
-/// either side, broadcasts that need several cuBLAS calls, batches with
+/// either side, broadcasts that need several cuBLASLt calls, batches with
 /// gaps, and k = 0.
 std::vector<MatmulCase> matmulCases() {
   const int64_t m = 13, n = 9, k = 21, mk = m * k, kn = k * n;
