@@ -23,6 +23,12 @@ line per run:
 It needs a GPU (nvidia-smi must list one) and says so otherwise. With
 --precision bf16 (the default) fastllm-opt compiles with --precision bf16 and
 PyTorch runs under torch.autocast(bfloat16); with fp32 both run in fp32.
+
+Where the GPU machine cannot run fastllm-opt (no LLVM there), split it:
+`--prepare DIR` (here: export and compile into DIR, without the 500 MB of
+weights) and `--from DIR` (there: random weights from DIR's plan.json,
+bench/random_weights.py, then the runs). scripts/gpu_bundle.sh does both
+halves' packing.
 """
 import argparse
 import json
@@ -80,6 +86,20 @@ def torch_run(cfg, batch, steps, warmup, compiled, bf16):
         torch.cuda.max_memory_allocated()
 
 
+def compile_bench(tool, work, batch, precision):
+    """Exports GPT-2 124M into `work` and compiles it into work/run; returns
+    the export's argv."""
+    onnx_path = os.path.join(work, "gpt2-124m.onnx")
+    argv = ["--model", "gpt2", "--out", onnx_path, "--fold", "on", "--layers", str(LAYERS),
+            "--d-model", str(D), "--heads", str(HEADS), "--vocab", str(VOCAB),
+            "--seq", str(SEQ)]
+    export_models.main(argv)
+    subprocess.run([tool, "compile", onnx_path, "-o", os.path.join(work, "run"),
+                    "--target", "cuda", "--precision", precision, "--batch-size",
+                    str(batch), "--seq-len", str(SEQ)], check=True)
+    return argv
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tool", default=os.path.join(ROOT, "build", "bin", "fastllm-opt"))
@@ -87,7 +107,28 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--prepare", metavar="DIR",
+                      help="only export and compile into DIR (no GPU needed)")
+    mode.add_argument("--from", dest="prepared", metavar="DIR",
+                      help="run what --prepare left in DIR")
     args = ap.parse_args()
+
+    if args.prepare:
+        os.makedirs(args.prepare, exist_ok=True)
+        argv = compile_bench(args.tool, args.prepare, args.batch, args.precision)
+        # Only what a run needs: the binary and its plan (weights are made
+        # where it runs).
+        run = os.path.join(args.prepare, "run")
+        for name in ("weights.safetensors", "train_step.o", "plan.mlir"):
+            if os.path.exists(os.path.join(run, name)):
+                os.remove(os.path.join(run, name))
+        os.remove(os.path.join(args.prepare, "gpt2-124m.onnx"))
+        json.dump({"argv": argv, "batch": args.batch, "precision": args.precision},
+                  open(os.path.join(args.prepare, "bench.json"), "w"))
+        print(f"gpu_bench: prepared {args.prepare} (run it with --from)")
+        return
+
     try:
         gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
     except OSError:
@@ -98,16 +139,19 @@ def main():
     print(gpus.strip().splitlines()[0])
 
     work = tempfile.mkdtemp(prefix="gpu-bench-")
-    onnx_path = os.path.join(work, "gpt2-124m.onnx")
-    argv = ["--model", "gpt2", "--out", onnx_path, "--fold", "on", "--layers", str(LAYERS),
-            "--d-model", str(D), "--heads", str(HEADS), "--vocab", str(VOCAB),
-            "--seq", str(SEQ)]
+    if args.prepared:
+        meta = json.load(open(os.path.join(args.prepared, "bench.json")))
+        argv, args.batch, args.precision = meta["argv"], meta["batch"], meta["precision"]
+        out = os.path.join(args.prepared, "run")
+        weights = os.path.join(out, "weights.safetensors")
+        if not os.path.exists(weights):
+            sys.path.insert(0, HERE)
+            import random_weights
+            random_weights.write(os.path.join(out, "plan.json"), weights)
+    else:
+        argv = compile_bench(args.tool, work, args.batch, args.precision)
+        out = os.path.join(work, "run")
     cfg = export_models.parse_args(argv)
-    export_models.main(argv)
-    out = os.path.join(work, "run")
-    subprocess.run([args.tool, "compile", onnx_path, "-o", out, "--target", "cuda",
-                    "--precision", args.precision, "--batch-size", str(args.batch),
-                    "--seq-len", str(SEQ)], check=True)
     plan = json.load(open(os.path.join(out, "plan.json")))
     n_params = sum(math.prod(p["shape"]) for p in plan["params"])
     import array

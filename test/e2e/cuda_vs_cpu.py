@@ -21,6 +21,10 @@ For the GPT-2- and Llama-style exports (constant folding on):
     with CUDA (else of the CPU target's fp32 run, said so in the line).
 
 Prints PASS/FAIL/SKIP per case and `cuda tests: P passed, F failed, S skipped`.
+
+Where the GPU machine cannot run fastllm-opt (no LLVM there): `--prepare DIR`
+here builds everything and records the CPU target's losses, `--from DIR`
+there runs the GPU cases against them (scripts/gpu_bundle.sh).
 """
 import argparse
 import json
@@ -98,12 +102,54 @@ def train(binary, data, metrics, steps=STEPS):
     return [line["loss"] for line in lines], lines[0]["mem_bytes"]
 
 
+def gpu_cases(report, model, cfg, cuda_dir, bf16_dir, data, cpu, cpu100, rtol):
+    """The GPU cases of one model: fp32 vs the CPU target's losses `cpu`,
+    memory vs the plan, bf16 vs PyTorch autocast here (or `cpu100()`, the
+    CPU target's 100 steps, without PyTorch on CUDA)."""
+    name = f"{model} CUDA fp32 vs CPU, {STEPS} steps"
+    gpu, mem = train(os.path.join(cuda_dir, "train"), data, os.path.join(cuda_dir, "m.jsonl"))
+    if gpu is None:
+        report("FAIL", name, mem)
+        return
+    rel = max(abs(a - b) / abs(b) for a, b in zip(gpu, cpu))
+    bf16_name = f"{model} CUDA bf16 vs PyTorch autocast, 100 steps"
+    if bf16_dir is None:
+        report("FAIL", bf16_name, "no bf16 CUDA binary")
+    else:
+        ours, _ = train(os.path.join(bf16_dir, "train"), data,
+                        os.path.join(bf16_dir, "m.jsonl"), steps=100)
+        import numpy as np
+        ref = torch_cuda_losses(cfg, np.fromfile(data, dtype=np.uint16), 100)
+        against = "PyTorch autocast bf16"
+        if ref is None:
+            against = "the CPU target in fp32 (no PyTorch with CUDA here)"
+            ref = cpu100()
+        if ours is None or ref is None:
+            report("FAIL", bf16_name, "a run failed")
+        else:
+            rel16 = max(abs(a - b) / abs(b) for a, b in zip(ours, ref))
+            report("PASS" if rel16 <= 2e-2 and len(ours) == 100 else "FAIL", bf16_name,
+                   f"max rel loss diff {rel16:.2e} against {against}")
+    arena = json.load(open(os.path.join(cuda_dir, "plan.json")))["memory"]["arena_bytes"]
+    # The driver hands out memory in 2 MiB pages: small arenas round up.
+    mem_ok = abs(mem - arena) <= max(0.02 * arena, 2 * 2**20)
+    report("PASS" if rel <= rtol and len(gpu) == STEPS and mem_ok else "FAIL", name,
+           f"max rel loss diff {rel:.2e}; loss {cpu[0]:.4f} -> {cpu[-1]:.4f}; GPU memory "
+           f"{mem} B vs plan {arena} B{'' if mem_ok else ' (more than 2% apart)'}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tool", default=os.path.join(ROOT, "build", "bin", "fastllm-opt"))
     ap.add_argument("--rtol", type=float, default=1e-4)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--prepare", metavar="DIR",
+                      help="build and record the CPU losses into DIR (no GPU needed)")
+    mode.add_argument("--from", dest="prepared", metavar="DIR",
+                      help="run the GPU cases on what --prepare left in DIR")
     args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="cuda-test-")
+    work = args.prepare or tempfile.mkdtemp(prefix="cuda-test-")
+    os.makedirs(work, exist_ok=True)
     present, reason = gpu_present()
     passed = failed = skipped = 0
 
@@ -114,6 +160,24 @@ def main():
         failed += status == "FAIL"
         skipped += status == "SKIP"
 
+    def finish():
+        print(f"cuda tests: {passed} passed, {failed} failed, {skipped} skipped")
+        sys.exit(1 if failed else 0)
+
+    if args.prepared:
+        for model in ("gpt2", "llama"):
+            meta = json.load(open(os.path.join(args.prepared, f"{model}.json")))
+            if not present:
+                report("SKIP", f"{model} GPU cases", reason)
+                continue
+            bf16_dir = os.path.join(args.prepared, f"{model}-bf16")
+            gpu_cases(report, model, export_models.parse_args(meta["argv"]),
+                      os.path.join(args.prepared, f"{model}-cuda"),
+                      bf16_dir if os.path.isdir(bf16_dir) else None,
+                      os.path.join(args.prepared, f"{model}.u16"), meta["cpu"],
+                      lambda: meta["cpu100"], args.rtol)
+        finish()
+
     for model in ("gpt2", "llama"):
         argv = ["--model", model, "--fold", "on", "--out", os.path.join(work, f"{model}.onnx")]
         cfg = export_models.parse_args(argv)
@@ -122,8 +186,8 @@ def main():
         ok, err = compile_model(args.tool, cfg.out, cuda_dir, "cuda")
         report("PASS" if ok else "FAIL", f"{model} --target cuda builds with nvcc",
                "train_step.cu and the train binary" if ok else err)
-        built16, err16 = compile_model(args.tool, cfg.out,
-                                       os.path.join(work, f"{model}-bf16"), "cuda", "bf16")
+        bf16_dir = os.path.join(work, f"{model}-bf16")
+        built16, err16 = compile_model(args.tool, cfg.out, bf16_dir, "cuda", "bf16")
         report("PASS" if built16 else "FAIL", f"{model} --target cuda --precision bf16 builds",
                "bf16 compute, fp32 weights, gradients and loss" if built16 else err16)
         name = f"{model} CUDA fp32 vs CPU, {STEPS} steps"
@@ -143,9 +207,10 @@ def main():
                    "--help works; a run ends with 'train: error: no CUDA GPU' and exit 1" if ok
                    else f"--help exit {helped.returncode}, run exit {ran.returncode}: "
                         f"{ran.stderr.strip()[-500:]}")
-            report("SKIP", name, reason)
-            report("SKIP", f"{model} CUDA bf16 vs PyTorch autocast, 100 steps", reason)
-            continue
+            if not args.prepare:
+                report("SKIP", name, reason)
+                report("SKIP", f"{model} CUDA bf16 vs PyTorch autocast, 100 steps", reason)
+                continue
         cpu_dir = os.path.join(work, f"{model}-cpu")
         ok, err = compile_model(args.tool, cfg.out, cpu_dir, "cpu")
         if not ok:
@@ -154,38 +219,29 @@ def main():
         data = os.path.join(work, f"{model}.u16")
         token_data(cfg.vocab).tofile(data)
         cpu, err = train(os.path.join(cpu_dir, "train"), data, os.path.join(cpu_dir, "m.jsonl"))
-        gpu, mem = train(os.path.join(cuda_dir, "train"), data, os.path.join(cuda_dir, "m.jsonl"))
-        if cpu is None or gpu is None:
-            report("FAIL", name, err if cpu is None else mem)
+        if cpu is None:
+            report("FAIL", name, err)
             continue
-        rel = max(abs(a - b) / abs(b) for a, b in zip(gpu, cpu))
-        bf16_dir = os.path.join(work, f"{model}-bf16")
-        bf16_name = f"{model} CUDA bf16 vs PyTorch autocast, 100 steps"
-        if not built16:
-            report("FAIL", bf16_name, "no bf16 CUDA binary")
-        else:
-            ours, _ = train(os.path.join(bf16_dir, "train"), data,
-                            os.path.join(bf16_dir, "m.jsonl"), steps=100)
-            ref = torch_cuda_losses(cfg, token_data(cfg.vocab), 100)
-            against = "PyTorch autocast bf16"
-            if ref is None:
-                against = "the CPU target in fp32 (no PyTorch with CUDA here)"
-                ref, _ = train(os.path.join(cpu_dir, "train"), data,
-                               os.path.join(cpu_dir, "m100.jsonl"), steps=100)
-            if ours is None or ref is None:
-                report("FAIL", bf16_name, "a run failed")
-            else:
-                rel16 = max(abs(a - b) / abs(b) for a, b in zip(ours, ref))
-                report("PASS" if rel16 <= 2e-2 and len(ours) == 100 else "FAIL", bf16_name,
-                       f"max rel loss diff {rel16:.2e} against {against}")
-        arena = json.load(open(os.path.join(cuda_dir, "plan.json")))["memory"]["arena_bytes"]
-        # The driver hands out memory in 2 MiB pages: small arenas round up.
-        mem_ok = abs(mem - arena) <= max(0.02 * arena, 2 * 2**20)
-        report("PASS" if rel <= args.rtol and len(gpu) == STEPS and mem_ok else "FAIL", name,
-               f"max rel loss diff {rel:.2e}; loss {cpu[0]:.4f} -> {cpu[-1]:.4f}; GPU memory "
-               f"{mem} B vs plan {arena} B{'' if mem_ok else ' (more than 2% apart)'}")
-    print(f"cuda tests: {passed} passed, {failed} failed, {skipped} skipped")
-    sys.exit(1 if failed else 0)
+
+        def cpu100():
+            losses, _ = train(os.path.join(cpu_dir, "train"), data,
+                              os.path.join(cpu_dir, "m100.jsonl"), steps=100)
+            return losses
+
+        if args.prepare:
+            # What --from needs, and nothing it does not.
+            json.dump({"argv": argv, "cpu": cpu, "cpu100": cpu100()},
+                      open(os.path.join(work, f"{model}.json"), "w"))
+            subprocess.run(["rm", "-rf", cpu_dir, cfg.out])
+            for d in (cuda_dir, bf16_dir):
+                for name_ in ("train_step.o", "plan.mlir", "build.log"):
+                    if os.path.exists(os.path.join(d, name_)):
+                        os.remove(os.path.join(d, name_))
+            report("PASS", f"{model} prepared for --from", f"{work}")
+            continue
+        gpu_cases(report, model, cfg, cuda_dir, bf16_dir if built16 else None, data, cpu,
+                  cpu100, args.rtol)
+    finish()
 
 
 if __name__ == "__main__":
