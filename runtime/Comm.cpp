@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -94,10 +95,8 @@ Expected<std::unique_ptr<Communicator>> Communicator::create(int *argc,
   if (initialized)
     return errorf("MPI is already initialised: create one Communicator per "
                   "process");
-  // Open MPI's singleton init otherwise forks a daemon so that the process
-  // could spawn more; a lone trainer never does, and starts faster without.
   if (!launched())
-    setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
+    return createLocal();
   int provided = 0;
   if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) !=
       MPI_SUCCESS)
@@ -124,13 +123,20 @@ Expected<std::unique_ptr<Communicator>> Communicator::create(int *argc,
   return comm;
 }
 
+std::unique_ptr<Communicator> Communicator::createLocal() {
+  std::unique_ptr<Communicator> comm(new Communicator());
+  comm->local = true;
+  return comm;
+}
+
 Expected<std::unique_ptr<Communicator>> Communicator::createSelf() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (!initialized || finalized)
-    return errorf("MPI is not initialised: create the world Communicator "
-                  "first");
+  if (finalized)
+    return errorf("MPI is finalised: no communicator can be created");
+  if (!initialized) // a world without MPI (create() in a lone process)
+    return createLocal();
   std::unique_ptr<Communicator> comm(new Communicator());
   MPI_Comm &handle = comm->handle->comm;
   if (MPI_Comm_dup(MPI_COMM_SELF, &handle) != MPI_SUCCESS ||
@@ -151,6 +157,8 @@ Communicator::~Communicator() {
 void Communicator::abort(const std::string &message) {
   std::fprintf(stderr, "train: error: rank %d: %s\n", myRank, message.c_str());
   std::fflush(stderr);
+  if (local)
+    std::_Exit(1);
   MPI_Abort(handle->comm != MPI_COMM_NULL ? handle->comm : MPI_COMM_WORLD, 1);
   std::_Exit(1); // MPI_Abort does not return; this is for the compiler
 }
@@ -202,6 +210,10 @@ void Communicator::wait(Request::Pending &pending) {
 Request Communicator::iallReduceSum(const float *in, float *out, int64_t n) {
   counters.allReduce += n * int64_t(sizeof(float));
   Request r;
+  if (local) { // the sum over one rank
+    std::copy_n(in, in == out ? 0 : n, out);
+    return r;
+  }
   r.pending.reset(new Request::Pending{this, "all-reduce", {}});
   for (int64_t begin = 0; begin < n; begin += kMaxChunk) {
     int count = int(std::min(kMaxChunk, n - begin));
@@ -223,6 +235,10 @@ Request Communicator::ireduceScatterSum(const float *in, float *out,
                  "MPI's count limit");
   counters.reduceScatter += worldSize * n * int64_t(sizeof(float));
   Request r;
+  if (local) { // one rank's part is the whole buffer
+    std::copy_n(in, in == out ? 0 : n, out);
+    return r;
+  }
   r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL}});
   // In place (in == out): the buffer holds every rank's part and the
   // result lands at its start.
@@ -241,6 +257,10 @@ Request Communicator::iallGather(const float *in, float *out, int64_t n) {
                  "MPI's count limit");
   counters.allGather += worldSize * n * int64_t(sizeof(float));
   Request r;
+  if (local) {
+    std::copy_n(in, in == out ? 0 : n, out);
+    return r;
+  }
   r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL}});
   bool inPlace = in == out + int64_t(myRank) * n;
   check(MPI_Iallgather(inPlace ? MPI_IN_PLACE : in, int(n), MPI_FLOAT, out,
@@ -269,6 +289,10 @@ void Communicator::allReduceSumOrdered(const double *in, double *out,
     fail(op, "of " + std::to_string(n) +
                  " doubles is larger than the ordered form handles");
   counters.allReduce += n * int64_t(sizeof(double));
+  if (local) {
+    std::copy_n(in, in == out ? 0 : n, out);
+    return;
+  }
   std::vector<double> all(size_t(worldSize) * n);
   Request::Pending pending{this, op, {MPI_REQUEST_NULL}};
   check(MPI_Iallgather(in, int(n), MPI_DOUBLE, all.data(), int(n), MPI_DOUBLE,
@@ -285,6 +309,8 @@ void Communicator::allReduceSumOrdered(const double *in, double *out,
 
 void Communicator::broadcast(void *data, int64_t bytes, int root) {
   counters.broadcast += bytes;
+  if (local)
+    return;
   Request::Pending pending{this, "broadcast", {}};
   for (int64_t begin = 0; begin < bytes; begin += kMaxChunk) {
     MPI_Request request;
@@ -298,6 +324,8 @@ void Communicator::broadcast(void *data, int64_t bytes, int root) {
 }
 
 void Communicator::barrier() {
+  if (local)
+    return;
   Request::Pending pending{this, "barrier", {MPI_REQUEST_NULL}};
   check(MPI_Ibarrier(handle->comm, &pending.requests[0]), pending.op);
   wait(pending);
@@ -310,6 +338,11 @@ void Communicator::allGatherBytes(const void *in, void *out, int64_t bytes) {
                  " bytes is larger than MPI's "
                  "count limit");
   counters.control += worldSize * bytes;
+  if (local) {
+    if (in != out)
+      std::memcpy(out, in, size_t(bytes));
+    return;
+  }
   Request::Pending pending{this, op, {MPI_REQUEST_NULL}};
   check(MPI_Iallgather(in, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE,
                        handle->comm, &pending.requests[0]),

@@ -74,12 +74,15 @@ public:
   /// Initialises MPI (MPI_Init_thread, funneled: only the calling thread
   /// communicates) and duplicates MPI_COMM_WORLD with MPI_ERRORS_RETURN. Call
   /// once per process: MPI cannot be initialised again after it finalises.
-  /// argc/argv may be null.
+  /// argc/argv may be null. A process no launcher (mpirun, srun) started is
+  /// a 1-rank world without MPI: nothing is initialised, the collectives are
+  /// local copies, so a lone trainer needs no working MPI installation.
   static Expected<std::unique_ptr<Communicator>> create(int *argc,
                                                         char ***argv);
-  /// A 1-rank world of this process alone (a duplicate of MPI_COMM_SELF),
-  /// for single-rank work inside a job, such as a test's reference run. MPI
-  /// must be initialised (by create()); destroying it does not finalise.
+  /// A 1-rank world of this process alone (a duplicate of MPI_COMM_SELF, or
+  /// without MPI when create() did not initialise it), for single-rank work
+  /// inside a job, such as a test's reference run; destroying it does not
+  /// finalise.
   static Expected<std::unique_ptr<Communicator>> createSelf();
   Communicator(const Communicator &) = delete;
   Communicator &operator=(const Communicator &) = delete;
@@ -141,6 +144,8 @@ private:
   friend class Request;
   struct Handle;
   Communicator();
+  /// The 1-rank world without MPI.
+  static std::unique_ptr<Communicator> createLocal();
   /// Aborts naming the rank, the step and `what` went wrong in `op`.
   [[noreturn]] void fail(const char *op, const std::string &what);
   /// Aborts with MPI's description of `code` when it is not MPI_SUCCESS.
@@ -151,6 +156,7 @@ private:
   std::unique_ptr<Handle> handle;
   int myRank = 0, worldSize = 1, myLocalRank = 0;
   bool ownsMpi = false; ///< created by create(): finalises MPI
+  bool local = false;   ///< a 1-rank world without MPI (see create())
   double timeoutSeconds = 300;
   std::atomic<int64_t> currentStep{0};
   CommBytes counters;
