@@ -16,7 +16,8 @@
 #   bench/  bench/gpu_bench.py --prepare: the GPT-2 124M binary and plan
 #           (weights are made there from the plan)
 #   lib/    the shared libraries those binaries load that are neither CUDA's
-#           nor the C runtime's (Open MPI, libomp), and Open MPI's components
+#           nor the C runtime's (Open MPI's, libomp, OpenBLAS); one process
+#           without mpirun never initialises MPI, so they only need loading
 #   run.sh  runs everything with those libraries and NCCL (PyTorch's pip
 #           package there) on the library path; prints one line per check
 set -euo pipefail
@@ -57,16 +58,6 @@ done | sort -u | while read -r lib; do
   *) [[ "$lib" == /usr/local/cuda* ]] || cp -L "$lib" "$out/lib/" ;;
   esac
 done
-# Open MPI loads its components at MPI_Init (one process, no mpirun: the
-# singleton, isolated): they and the small libraries they need.
-ompi=/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
-if [[ -d $ompi ]]; then
-  cp -rL "$ompi" "$out/lib/openmpi"
-  for f in "$ompi"/*.so; do ldd "$f" | awk '$3 ~ /^\// {print $3}'; done |
-    sort -u | grep -E "libpmix|libmca_common_(sm|ompio|monitoring)|libnuma|libmunge" |
-    while read -r lib; do cp -L "$lib" "$out/lib/"; done
-fi
-
 tar -C "$out" -cJf "$final/bundle.tar.xz" .
 rm -rf "$out"
 out=$final
@@ -85,8 +76,6 @@ here=$(mktemp -d /tmp/fastllm-gpu-XXXXXX)
 tar -C "$here" -xJf "$(dirname "$0")/bundle.tar.xz"
 nccl=$("$py" -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null || true)
 export LD_LIBRARY_PATH="$here/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-[[ -d $here/lib/openmpi ]] && export OMPI_MCA_mca_component_path="$here/lib/openmpi"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 nvidia-smi -L || echo "run.sh: nvidia-smi lists no GPU"
 for b in "$here"/bin/* "$here"/e2e/*/train "$here"/bench/run/train; do
   [[ -x $b ]] && ldd "$b" | grep "not found" | sed "s|^|missing for $(basename "$(dirname "$b")")/$(basename "$b"): |"
