@@ -1558,7 +1558,8 @@ __global__ void __launch_bounds__(kAttnThreads)
 // and dV accumulators stay fp32 in shared memory; P and dS are rounded to
 // bf16 for the products that read them (as FlashAttention does), the
 // softmax statistics use the unrounded P. Two lanes serve one row in the
-// elementwise parts (32 columns each).
+// elementwise parts: of a 64-wide score row, 32 columns each (pairColumn);
+// of an output row, the even or the odd columns (pairSlot).
 
 constexpr int kTcTile = 64;
 constexpr int kTcWarps = 4;
