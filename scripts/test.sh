@@ -45,7 +45,7 @@ if [[ -n "$line" ]]; then
   total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$line")
   bad=$(sed -E 's/.* ([0-9]+) tests failed.*/\1/' <<<"$line")
   # GPU tests without a GPU: GTEST_SKIP, which ctest lists as (Skipped).
-  ctest_skipped=$(grep -cE "^ *[0-9]+ - .*\(Skipped\)$" "$logdir/ctest.log" || true)
+  ctest_skipped=$(grep -cE "^[[:space:]]*[0-9]+ - .*\(Skipped\)$" "$logdir/ctest.log" || true)
   add "$((total - bad - ctest_skipped))" "$bad" "$ctest_skipped"
 else
   add 0 1
