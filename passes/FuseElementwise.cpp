@@ -24,7 +24,6 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
-#include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "llvm/ADT/SetVector.h"
 
 namespace mlir::fastllm {
@@ -48,15 +47,6 @@ constexpr unsigned kMaxInputs = 8;
 
 bool isPointwise(Operation *op) {
   return op->hasTrait<PointwiseTrait>() && op->getNumResults() == 1;
-}
-
-/// Whether every op strictly between `from` and `to` (same block, `from`
-/// first) is free of memory effects.
-bool quietBetween(Operation *from, Operation *to) {
-  for (Operation *op = from->getNextNode(); op != to; op = op->getNextNode())
-    if (!isMemoryEffectFree(op))
-      return false;
-  return true;
 }
 
 /// The values the group's ops read that no op of the group defines, in

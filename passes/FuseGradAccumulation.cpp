@@ -21,10 +21,10 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/Passes.h"
+#include "passes/Zero.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
-#include "mlir/Interfaces/SideEffectInterfaces.h"
 
 namespace mlir::fastllm {
 #define GEN_PASS_DEF_FUSEGRADACCUMULATIONPASS
@@ -51,15 +51,6 @@ bool isWidening(CastOp cast) {
 /// Whether `t` swaps the two dims of a matrix.
 bool isMatrixTranspose(TransposeOp t) {
   return t.getPermutation() == ArrayRef<int64_t>{1, 0};
-}
-
-/// Whether every op strictly between `from` and `to` is free of memory
-/// effects.
-bool quietBetween(Operation *from, Operation *to) {
-  for (Operation *op = from->getNextNode(); op != to; op = op->getNextNode())
-    if (!isMemoryEffectFree(op))
-      return false;
-  return true;
 }
 
 /// Makes `acc` add the bf16 value a widening cast of it reads (the

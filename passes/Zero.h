@@ -15,6 +15,7 @@
 #define FASTLLM_PASSES_ZERO_H
 
 #include "mlir/IR/Operation.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 
 #include <algorithm>
 
@@ -46,6 +47,17 @@ inline void copyStage(Operation *from, Operation *to) {
 }
 
 inline bool isBackward(Operation *op) { return op->hasAttr(kBackwardAttr); }
+
+/// Whether every op strictly between `from` and `to` (same block, `from`
+/// first) is free of memory effects: a fusion may then read `from`'s inputs
+/// at `to` instead, since no collective can have refilled the weight slot a
+/// model.get_parameter points into, nor a gradient slot been cleared.
+inline bool quietBetween(Operation *from, Operation *to) {
+  for (Operation *op = from->getNextNode(); op != to; op = op->getNextNode())
+    if (!isMemoryEffectFree(op))
+      return false;
+  return true;
+}
 
 /// The op's plan.slot, or -1 when it has none.
 inline int64_t slotOf(Operation *op) {

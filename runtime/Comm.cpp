@@ -33,6 +33,13 @@ bool launched() {
   return false;
 }
 
+/// out = in over n elements, unless they are the same buffer: a
+/// collective's result over one rank (the local world).
+template <typename T> void copyUnlessSame(const T *in, T *out, int64_t n) {
+  if (in != out)
+    std::copy_n(in, n, out);
+}
+
 } // namespace
 
 struct Communicator::Handle {
@@ -211,7 +218,7 @@ Request Communicator::iallReduceSum(const float *in, float *out, int64_t n) {
   counters.allReduce += n * int64_t(sizeof(float));
   Request r;
   if (local) { // the sum over one rank
-    std::copy_n(in, in == out ? 0 : n, out);
+    copyUnlessSame(in, out, n);
     return r;
   }
   r.pending.reset(new Request::Pending{this, "all-reduce", {}});
@@ -236,7 +243,7 @@ Request Communicator::ireduceScatterSum(const float *in, float *out,
   counters.reduceScatter += worldSize * n * int64_t(sizeof(float));
   Request r;
   if (local) { // one rank's part is the whole buffer
-    std::copy_n(in, in == out ? 0 : n, out);
+    copyUnlessSame(in, out, n);
     return r;
   }
   r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL}});
@@ -258,7 +265,7 @@ Request Communicator::iallGather(const float *in, float *out, int64_t n) {
   counters.allGather += worldSize * n * int64_t(sizeof(float));
   Request r;
   if (local) {
-    std::copy_n(in, in == out ? 0 : n, out);
+    copyUnlessSame(in, out, n);
     return r;
   }
   r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL}});
@@ -290,7 +297,7 @@ void Communicator::allReduceSumOrdered(const double *in, double *out,
                  " doubles is larger than the ordered form handles");
   counters.allReduce += n * int64_t(sizeof(double));
   if (local) {
-    std::copy_n(in, in == out ? 0 : n, out);
+    copyUnlessSame(in, out, n);
     return;
   }
   std::vector<double> all(size_t(worldSize) * n);
