@@ -59,16 +59,23 @@ SmallVector<int64_t> broadcastStrides(ArrayRef<int64_t> operand, int64_t rank) {
   return strides;
 }
 
-/// A C++ string literal for `s`.
+/// A C++ string literal holding exactly the bytes of `s`, whatever they are.
+/// Only letters, digits, space and a few punctuation characters that mean
+/// nothing inside a literal are written as themselves; every other byte
+/// (quotes, backslashes, '?' of trigraphs, control characters, NUL, UTF-8)
+/// is a three-digit octal escape, which never combines with what follows.
+/// This is the only way text from the input reaches generated code.
 std::string cString(StringRef s) {
   std::string out = "\"";
   for (unsigned char c : s) {
-    if (c == '"' || c == '\\')
-      out += '\\', out += c;
-    else if (llvm::isPrint(c))
-      out += c;
-    else
-      out += llvm::formatv("\\{0:o3}", (unsigned)c).str();
+    if (llvm::isAlnum(c) || StringRef("_.-/:+=, ").contains(c)) {
+      out += char(c);
+      continue;
+    }
+    out += '\\';
+    out += char('0' + ((c >> 6) & 7));
+    out += char('0' + ((c >> 3) & 7));
+    out += char('0' + (c & 7));
   }
   return out + "\"";
 }
@@ -110,6 +117,14 @@ private:
   /// The functor body of a fused op: its ops in order, one local each.
   FailureOr<std::string> fusedBody(FusedElementwiseOp fused);
   std::string name(Value v) { return names.lookup(v); }
+  /// How a comment refers to parameter `symbol`: by its index in kParams,
+  /// never by its name (names come from the input: only cString() may print
+  /// them).
+  std::string paramRef(StringRef symbol) const {
+    auto it = paramIndex.find(symbol);
+    return it == paramIndex.end() ? std::string("parameter")
+                                  : "kParams[" + std::to_string(it->second) + "]";
+  }
   /// Declares the pointer for result `i` of `op` at its planned offset.
   LogicalResult bindResult(Operation *op, unsigned i);
 
@@ -127,6 +142,7 @@ private:
   std::optional<MemoryPlan> plan; ///< the module's, read once
   llvm::StringMap<std::string> functors; ///< signature and body -> name
   std::string functorDefs;
+  llvm::StringMap<int> paramIndex; ///< parameter symbol -> index in kParams
 };
 } // namespace
 
@@ -271,6 +287,7 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
       return p.emitOpError("has no planned offset; run fastllm-plan-memory");
     if (t.getRank() > 8)
       return p.emitOpError("has rank ") << t.getRank() << "; at most 8 is supported";
+    paramIndex[p.getSymName()] = numParams;
     os << "    {" << cString(p.getSymName()) << ", " << t.getRank() << ", "
        << list(t.getShape()) << ", " << t.getNumElements() << ", "
        << offset.getInt() << ", " << (p.getFrozen() ? 0 : 1) << ", "
@@ -557,7 +574,7 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
         std::string n = "v" + std::to_string(counter++);
         names[get.getResult()] = n;
         os << "  float *" << n << " = reinterpret_cast<float *>(arena + "
-           << offsets[0] << "); // @" << get.getName() << "\n";
+           << offsets[0] << "); // " << paramRef(get.getName()) << "\n";
         return success();
       })
       .Case<AllGatherOp, ReduceScatterOp>([&](Operation *o) {
@@ -601,8 +618,8 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
                  failure();
         os << "  addInto(reinterpret_cast<float *>(arena + " << offset.getInt()
            << "), " << name(acc.getGrad()) << ", "
-           << tensorType(acc.getGrad()).getNumElements() << "); // @"
-           << acc.getName() << "\n";
+           << tensorType(acc.getGrad()).getNumElements() << "); // "
+           << paramRef(acc.getName()) << "\n";
         return success();
       })
       .Case<func::ReturnOp>([&](func::ReturnOp ret) {
@@ -634,7 +651,7 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
                    "reinterpret_cast<float *>(arena + " +
                        std::to_string(offset.getInt()) + ")",
                    o.getLhs(), o.getRhs(), o.getTransposeLhs(),
-                   o.getTransposeRhs(), " // @" + o.getName().str());
+                   o.getTransposeRhs(), " // " + paramRef(o.getName()));
         return success();
       })
       .Case<TransposeOp>([&](TransposeOp o) -> LogicalResult {

@@ -89,39 +89,61 @@ namespace {
 struct AddFn {
   using Op = m::AddOp;
   static double f(double a, double b) { return a + b; }
-  static int64_t i(int64_t a, int64_t b) { return a + b; }
+  static bool i(int64_t a, int64_t b, int64_t &r) {
+    return !__builtin_add_overflow(a, b, &r);
+  }
 };
 struct SubFn {
   using Op = m::SubOp;
   static double f(double a, double b) { return a - b; }
-  static int64_t i(int64_t a, int64_t b) { return a - b; }
+  static bool i(int64_t a, int64_t b, int64_t &r) {
+    return !__builtin_sub_overflow(a, b, &r);
+  }
 };
 struct MulFn {
   using Op = m::MulOp;
   static double f(double a, double b) { return a * b; }
-  static int64_t i(int64_t a, int64_t b) { return a * b; }
+  static bool i(int64_t a, int64_t b, int64_t &r) {
+    return !__builtin_mul_overflow(a, b, &r);
+  }
 };
 struct DivFn {
   using Op = m::DivOp;
   static double f(double a, double b) { return a / b; }
-  static int64_t i(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
+  static bool i(int64_t a, int64_t b, int64_t &r) {
+    if (b == 0 || (a == INT64_MIN && b == -1))
+      return false; // division by zero is refused before; this overflows
+    r = a / b;
+    return true;
+  }
 };
 struct PowFn {
   using Op = m::PowOp;
   static double f(double a, double b) { return std::pow(a, b); }
-  static int64_t i(int64_t a, int64_t b) {
-    return (int64_t)std::pow((double)a, (double)b);
+  static bool i(int64_t a, int64_t b, int64_t &r) {
+    double p = std::pow((double)a, (double)b);
+    // 2^63 is exactly representable; anything at or past it is not an int64.
+    if (!(p > -9223372036854775808.0 && p < 9223372036854775808.0))
+      return false;
+    r = (int64_t)p;
+    return true;
   }
 };
 struct AndFn {
   using Op = m::AndOp;
   static double f(double a, double b) { return a != 0 && b != 0; }
-  static int64_t i(int64_t a, int64_t b) { return a != 0 && b != 0; }
+  static bool i(int64_t a, int64_t b, int64_t &r) {
+    r = a != 0 && b != 0;
+    return true;
+  }
 };
 struct OrFn {
   using Op = m::OrOp;
   static double f(double a, double b) { return a != 0 || b != 0; }
-  static int64_t i(int64_t a, int64_t b) { return a != 0 || b != 0; }
+  static bool i(int64_t a, int64_t b, int64_t &r) {
+    r = a != 0 || b != 0;
+    return true;
+  }
 };
 } // namespace
 
@@ -158,16 +180,22 @@ static LogicalResult convertBinary(NodeImporter &n) {
         if (v == 0)
           return n.error() << "integer division by zero";
     bool isFloat = a->isFloat() || b->isFloat(); // Pow may mix the two
-    n.setOutput(0, hostElementwise({a, b}, *shape, lhsType,
-                                   [&](HostTensor &out, int64_t k,
-                                       ArrayRef<int64_t> src) {
-                                     if (isFloat)
-                                       out.set(k, Fn::f(a->getDouble(src[0]),
-                                                        b->getDouble(src[1])));
-                                     else
-                                       out.setInt(k, Fn::i(a->ints[src[0]],
-                                                           b->ints[src[1]]));
-                                   }));
+    bool overflow = false;
+    HostTensor folded = hostElementwise(
+        {a, b}, *shape, lhsType,
+        [&](HostTensor &out, int64_t k, ArrayRef<int64_t> src) {
+          if (isFloat) {
+            out.set(k, Fn::f(a->getDouble(src[0]), b->getDouble(src[1])));
+            return;
+          }
+          int64_t r = 0;
+          if (!Fn::i(a->ints[src[0]], b->ints[src[1]], r))
+            overflow = true;
+          out.setInt(k, r);
+        });
+    if (overflow)
+      return n.error() << "integer overflow while folding constants";
+    n.setOutput(0, std::move(folded));
     return success();
   }
   Value lhs = n.operand(0), rhs = n.operand(1);
@@ -263,6 +291,8 @@ static LogicalResult convertNeg(NodeImporter &n) {
     for (int64_t k = 0, e = out.numElements(); k < e; ++k)
       if (out.isFloat())
         out.floats[k] = -out.floats[k];
+      else if (out.ints[k] == INT64_MIN)
+        return n.error() << "integer overflow while folding constants";
       else
         out.ints[k] = -out.ints[k];
     n.setOutput(0, std::move(out));
@@ -376,31 +406,36 @@ static LogicalResult convertDropout(NodeImporter &n) {
 static LogicalResult convertConstant(NodeImporter &n) {
   auto err = [&]() { return n.error() << "value "; };
   Builder b(n.getContext());
-  if (const onnx::AttributeProto *a = n.attribute("value")) {
+  if (const onnx::AttributeProto *a =
+          n.typedAttribute("value", onnx::AttributeProto::TENSOR)) {
     auto t = decodeTensorProto(a->t(), n.getContext(), err);
     if (failed(t))
       return failure();
     n.setOutput(0, std::move(*t));
     return success();
   }
-  if (const onnx::AttributeProto *a = n.attribute("value_float")) {
+  if (const onnx::AttributeProto *a =
+          n.typedAttribute("value_float", onnx::AttributeProto::FLOAT)) {
     n.setOutput(0, HostTensor::filled(b.getF32Type(), {}, a->f()));
     return success();
   }
-  if (const onnx::AttributeProto *a = n.attribute("value_int")) {
+  if (const onnx::AttributeProto *a =
+          n.typedAttribute("value_int", onnx::AttributeProto::INT)) {
     HostTensor t = HostTensor::filled(b.getI64Type(), {}, 0);
     t.ints[0] = a->i();
     n.setOutput(0, std::move(t));
     return success();
   }
-  if (const onnx::AttributeProto *a = n.attribute("value_floats")) {
+  if (const onnx::AttributeProto *a =
+          n.typedAttribute("value_floats", onnx::AttributeProto::FLOATS)) {
     HostTensor t = HostTensor::filled(b.getF32Type(), {(int64_t)a->floats_size()}, 0);
     for (int k = 0; k < a->floats_size(); ++k)
       t.set(k, a->floats(k));
     n.setOutput(0, std::move(t));
     return success();
   }
-  if (const onnx::AttributeProto *a = n.attribute("value_ints")) {
+  if (const onnx::AttributeProto *a =
+          n.typedAttribute("value_ints", onnx::AttributeProto::INTS)) {
     HostTensor t = HostTensor::filled(b.getI64Type(), {(int64_t)a->ints_size()}, 0);
     for (int k = 0; k < a->ints_size(); ++k)
       t.ints[k] = a->ints(k);
@@ -456,7 +491,8 @@ static LogicalResult convertConstantOfShape(NodeImporter &n) {
   if (failed(n.checkFoldSize(*shape)))
     return failure();
   HostTensor fill = HostTensor::filled(n.getBuilder().getF32Type(), {}, 0);
-  if (const onnx::AttributeProto *a = n.attribute("value")) {
+  if (const onnx::AttributeProto *a =
+          n.typedAttribute("value", onnx::AttributeProto::TENSOR)) {
     auto t = decodeTensorProto(a->t(), n.getContext(),
                                [&]() { return n.error() << "value "; });
     if (failed(t))
@@ -497,10 +533,14 @@ static LogicalResult convertRange(NodeImporter &n) {
     return failure();
   HostTensor out = HostTensor::filled(s.elementType, {size}, 0);
   for (int64_t k = 0; k < size; ++k) {
-    if (s.isFloat())
+    if (s.isFloat()) {
       out.set(k, s.getDouble(0) + k * d);
-    else
-      out.ints[k] = s.ints[0] + k * (*delta)->ints[0];
+      continue;
+    }
+    int64_t step;
+    if (__builtin_mul_overflow(k, (*delta)->ints[0], &step) ||
+        __builtin_add_overflow(s.ints[0], step, &out.ints[k]))
+      return n.error() << "integer overflow while folding constants";
   }
   n.setOutput(0, std::move(out));
   return success();
@@ -1179,6 +1219,8 @@ static LogicalResult convertLayerNorm(NodeImporter &n) {
     bias = *b;
   }
   float eps = n.floatAttr("epsilon", 1e-5f);
+  if (!std::isfinite(eps) || eps <= 0)
+    return n.error() << "epsilon must be finite and positive, got " << eps;
   n.setOutput(0, n.create<m::LayerNormOp>(type, n.operand(0), *scale, bias,
                                           n.getBuilder().getI64IntegerAttr(*axis),
                                           n.getBuilder().getF32FloatAttr(eps)));

@@ -16,7 +16,7 @@ HostTensor HostTensor::filled(Type elementType, ArrayRef<int64_t> shape,
   if (t.isFloat())
     t.floats.assign(n, roundToType(elementType, value));
   else
-    t.ints.assign(n, (int64_t)roundToType(elementType, value));
+    t.ints.assign(n, truncateToInt64(roundToType(elementType, value)));
   return t;
 }
 
@@ -31,7 +31,7 @@ void HostTensor::set(int64_t k, double v) {
   if (isFloat())
     floats[k] = roundToType(elementType, v);
   else
-    ints[k] = (int64_t)roundToType(elementType, v);
+    ints[k] = truncateToInt64(roundToType(elementType, v));
 }
 
 void HostTensor::setInt(int64_t k, int64_t v) {
@@ -64,7 +64,7 @@ double mlir::fastllm::roundToType(Type type, double v) {
   if (type.isInteger(1))
     return v != 0.0;
   // Float to integer truncates toward zero, as ONNX Cast does.
-  return (double)(int64_t)v;
+  return (double)truncateToInt64(v);
 }
 
 DenseElementsAttr HostTensor::toAttr() const {

@@ -21,6 +21,19 @@
 
 namespace mlir::fastllm {
 
+/// `v` truncated toward zero, saturated to int64's range (NaN gives 0): C++'s
+/// conversion is undefined outside the range, and constants come from the
+/// input.
+inline int64_t truncateToInt64(double v) {
+  if (!(v == v))
+    return 0;
+  if (v >= 9223372036854775808.0)
+    return INT64_MAX;
+  if (v < -9223372036854775808.0)
+    return INT64_MIN;
+  return (int64_t)v;
+}
+
 /// A tensor whose elements the importer holds. Float element types keep
 /// their values as doubles rounded to the element type after every operation;
 /// integer and boolean ones as int64.
@@ -38,7 +51,7 @@ struct HostTensor {
     return isFloat() ? floats[k] : (double)ints[k];
   }
   int64_t getInt(int64_t k) const {
-    return isFloat() ? (int64_t)floats[k] : ints[k];
+    return isFloat() ? truncateToInt64(floats[k]) : ints[k];
   }
   /// Stores `v` at `k`, rounded/truncated to the element type.
   void set(int64_t k, double v);

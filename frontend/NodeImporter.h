@@ -77,6 +77,12 @@ public:
   float floatAttr(StringRef name, float defaultValue) const;
   std::string stringAttr(StringRef name, StringRef defaultValue) const;
   std::optional<SmallVector<int64_t>> intsAttr(StringRef name) const;
+  /// The attribute when it has `type`; null when absent, or when it has
+  /// another type, which getAttributeError() then reports (the importer
+  /// turns it into the node's diagnostic).
+  const onnx::AttributeProto *
+  typedAttribute(StringRef name, onnx::AttributeProto::AttributeType type) const;
+  const std::string &getAttributeError() const { return attributeError; }
 
   // Outputs.
   unsigned numOutputs() const { return node.output_size(); }
@@ -106,6 +112,7 @@ private:
   Location loc;
   OpBuilder &builder;
   int64_t opset;
+  mutable std::string attributeError;
 };
 
 using OnnxConverter = LogicalResult (*)(NodeImporter &);
@@ -129,6 +136,9 @@ const OnnxConverterEntry *lookupOnnxConverter(StringRef opType, int64_t opset);
 /// The most elements the importer folds into one host tensor; larger constant
 /// subgraphs are an error rather than an unbounded allocation.
 constexpr int64_t kMaxFoldElements = int64_t(1) << 26;
+/// The most elements all folded host tensors of one model may add up to
+/// (8 bytes each), so many folds below the per-tensor bound stay bounded too.
+constexpr int64_t kMaxTotalFoldElements = int64_t(1) << 27;
 
 /// Decodes a TensorProto held inside the model (Constant nodes and their
 /// kin) into a host tensor; external data is not accepted here.

@@ -11,6 +11,7 @@
 
 #include "frontend/OnnxImporter.h"
 #include "frontend/NodeImporter.h"
+#include "frontend/OnnxLibrary.h"
 #include "ir/ModelDialect.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -21,15 +22,16 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
-#include "onnx/defs/parser.h"
 
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 
 #include <cstring>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace mlir;
@@ -108,6 +110,12 @@ public:
   void define(StringRef valueName, ImportedValue v) {
     values[valueName] = std::move(v);
   }
+  /// Counts `elements` more folded host elements against the model's total
+  /// budget; false once the total passes it.
+  bool chargeFold(int64_t elements) {
+    foldedElements += elements;
+    return foldedElements <= kMaxTotalFoldElements;
+  }
 
 private:
   LogicalResult checkVersions(const onnx::ModelProto &model);
@@ -134,6 +142,7 @@ private:
   llvm::StringSet<> used;
   llvm::StringMap<const onnx::ValueInfoProto *> declared;
   llvm::StringMap<int64_t> paramUses;
+  int64_t foldedElements = 0;
 };
 } // namespace mlir::fastllm
 
@@ -161,6 +170,9 @@ LogicalResult GraphImporter::checkVersions(const onnx::ModelProto &model) {
   for (const onnx::OperatorSetIdProto &set : model.opset_import()) {
     if (!set.domain().empty() && set.domain() != "ai.onnx")
       continue;
+    if (found)
+      return fileError() << "the model imports the default-domain opset twice ("
+                         << opset << " and " << set.version() << ")";
     found = true;
     opset = set.version();
   }
@@ -173,6 +185,31 @@ LogicalResult GraphImporter::checkVersions(const onnx::ModelProto &model) {
   if (!model.has_graph())
     return fileError() << "the model has no graph";
   return success();
+}
+
+/// Opens `path` for reading when it is a regular file. FIFOs, devices and
+/// directories are refused without blocking (O_NONBLOCK until fstat says what
+/// the file is). Returns the descriptor and sets `size`, or -1 and `error`.
+static int openRegularFile(const std::string &path, uint64_t &size,
+                           std::string &error) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    error = std::string("cannot open the file: ") + std::strerror(errno);
+    return -1;
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    error = S_ISDIR(st.st_mode) ? "is a directory, not a file"
+                                : "is not a regular file (a FIFO, device or "
+                                  "socket); refusing to read it";
+    ::close(fd);
+    return -1;
+  }
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0)
+    ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  size = uint64_t(st.st_size);
+  return fd;
 }
 
 FailureOr<std::unique_ptr<std::string>>
@@ -225,9 +262,18 @@ GraphImporter::readExternalData(const onnx::TensorProto &tensor,
   if (length && *length != expectedBytes)
     return fail() << "has length " << *length << " but the tensor needs "
                   << expectedBytes << " bytes";
-  int fd = ::open(realPath.c_str(), O_RDONLY | O_CLOEXEC);
+  uint64_t fileSize = 0;
+  std::string openError;
+  int fd = openRegularFile(realPath.str().str(), fileSize, openError);
   if (fd < 0)
-    return fail() << "cannot be opened: " << std::strerror(errno);
+    return fail() << openError;
+  // Sizes are checked before anything is allocated.
+  if (offset > fileSize || expectedBytes > fileSize - offset) {
+    ::close(fd);
+    return fail() << "is too short: the tensor needs " << expectedBytes
+                  << " bytes at offset " << offset << ", the file has "
+                  << fileSize;
+  }
   auto bytes = std::make_unique<std::string>(expectedBytes, '\0');
   size_t done = 0;
   while (done < expectedBytes) {
@@ -383,6 +429,11 @@ LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
     const std::string &tname = tensor.name();
     if (tname.empty())
       return fileError() << "an initializer has no name";
+    // Names travel into JSON (plan.json, safetensors headers) and must come
+    // back byte for byte.
+    if (!llvm::json::isUTF8(tname))
+      return fileError() << "initializer name '" << llvm::json::fixUTF8(tname)
+                         << "' is not valid UTF-8";
     if (values.count(tname))
       return fileError() << "initializer '" << tname << "' is defined twice";
     auto error = [&]() {
@@ -637,12 +688,20 @@ LogicalResult GraphImporter::importNode(const onnx::NodeProto &node,
     return mlir::emitError(loc)
            << "node '" << nodeName << "': unsupported op '" << node.op_type()
            << "' (opset " << opset << ")";
+  if (std::string why = verifyOnnxNodeSchema(node, opset); !why.empty())
+    return mlir::emitError(loc) << "node '" << nodeName << "' ("
+                                << node.op_type() << "): " << why;
   NodeImporter importer(*this, node, nodeName, loc, builder, opset);
   for (unsigned i = 0; i < entry->minInputs; ++i)
     if (!importer.hasInput(i))
       return importer.error() << "needs at least " << entry->minInputs
                               << " inputs; input " << i << " is missing";
-  if (failed(entry->convert(importer)))
+  LogicalResult converted = entry->convert(importer);
+  // An attribute of the wrong type was read as absent: the conversion is not
+  // what the model says, whether it failed or not.
+  if (!importer.getAttributeError().empty())
+    return importer.error() << importer.getAttributeError();
+  if (failed(converted))
     return failure();
   for (const std::string &out : node.output()) {
     if (out.empty())
@@ -688,6 +747,10 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
   for (const onnx::ValueInfoProto &info : graph.input()) {
     if (values.count(info.name()))
       continue;
+    if (!llvm::json::isUTF8(info.name()))
+      return fileError() << "input name '" << llvm::json::fixUTF8(info.name())
+                         << "' is not valid UTF-8",
+             nullptr;
     auto type = inputType(info);
     if (failed(type))
       return nullptr;
@@ -698,9 +761,33 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
     declared[info.name()] = &info;
   for (const onnx::ValueInfoProto &info : graph.output())
     declared[info.name()] = &info;
-  for (const onnx::NodeProto &node : graph.node())
-    for (const std::string &in : node.input())
-      used.insert(in);
+  // Only nodes the graph's outputs depend on are imported: a dead node costs
+  // nothing, however large the constant it would fold.
+  std::vector<bool> live(graph.node_size(), false);
+  {
+    llvm::StringMap<int> producer;
+    for (auto [i, node] : llvm::enumerate(graph.node()))
+      for (const std::string &out : node.output())
+        if (!out.empty())
+          producer[out] = int(i);
+    SmallVector<int> work;
+    auto need = [&](const std::string &value) {
+      auto it = producer.find(value);
+      if (it != producer.end() && !live[it->second]) {
+        live[it->second] = true;
+        work.push_back(it->second);
+      }
+    };
+    for (const onnx::ValueInfoProto &info : graph.output())
+      need(info.name());
+    while (!work.empty())
+      for (const std::string &in : graph.node(work.pop_back_val()).input())
+        need(in);
+  }
+  for (auto [i, node] : llvm::enumerate(graph.node()))
+    if (live[i])
+      for (const std::string &in : node.input())
+        used.insert(in);
   for (const onnx::ValueInfoProto &info : graph.output())
     used.insert(info.name());
 
@@ -724,9 +811,11 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
   llvm::DenseMap<const onnx::NodeProto *, size_t> position;
   for (auto [i, node] : llvm::enumerate(graph.node()))
     position[&node] = i;
-  for (const onnx::NodeProto *node : *order)
-    if (failed(importNode(*node, position.lookup(node))))
+  for (const onnx::NodeProto *node : *order) {
+    size_t index = position.lookup(node);
+    if (live[index] && failed(importNode(*node, index)))
       return nullptr;
+  }
 
   SmallVector<Value> results;
   SmallVector<Type> resultTypes;
@@ -751,6 +840,12 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
        llvm::make_early_inc_range(module.getOps<model::ParameterOp>()))
     if (SymbolTable::symbolKnownUseEmpty(param, module))
       param.erase();
+    else if (param.getTensorType().getNumElements() == 0)
+      return fileError() << "initializer '" << param.getSymName()
+                         << "' has no elements (dims "
+                         << shapeString(param.getTensorType().getShape())
+                         << "); a weight the model reads must have some",
+             nullptr;
 
   if (failed(mlir::verify(module)))
     return fileError() << "internal error: the imported IR does not verify",
@@ -813,25 +908,44 @@ const onnx::AttributeProto *NodeImporter::attribute(StringRef name) const {
   return nullptr;
 }
 
-int64_t NodeImporter::intAttr(StringRef name, int64_t defaultValue) const {
+const onnx::AttributeProto *
+NodeImporter::typedAttribute(StringRef name,
+                             onnx::AttributeProto::AttributeType type) const {
   const onnx::AttributeProto *a = attribute(name);
+  if (!a || a->type() == type)
+    return a;
+  if (attributeError.empty())
+    attributeError =
+        ("attribute '" + name + "' must be of type " +
+         onnx::AttributeProto::AttributeType_Name(type) + ", got " +
+         onnx::AttributeProto::AttributeType_Name(a->type()))
+            .str();
+  return nullptr;
+}
+
+int64_t NodeImporter::intAttr(StringRef name, int64_t defaultValue) const {
+  const onnx::AttributeProto *a =
+      typedAttribute(name, onnx::AttributeProto::INT);
   return a ? a->i() : defaultValue;
 }
 
 float NodeImporter::floatAttr(StringRef name, float defaultValue) const {
-  const onnx::AttributeProto *a = attribute(name);
+  const onnx::AttributeProto *a =
+      typedAttribute(name, onnx::AttributeProto::FLOAT);
   return a ? a->f() : defaultValue;
 }
 
 std::string NodeImporter::stringAttr(StringRef name,
                                      StringRef defaultValue) const {
-  const onnx::AttributeProto *a = attribute(name);
+  const onnx::AttributeProto *a =
+      typedAttribute(name, onnx::AttributeProto::STRING);
   return a ? a->s() : defaultValue.str();
 }
 
 std::optional<SmallVector<int64_t>>
 NodeImporter::intsAttr(StringRef name) const {
-  const onnx::AttributeProto *a = attribute(name);
+  const onnx::AttributeProto *a =
+      typedAttribute(name, onnx::AttributeProto::INTS);
   if (!a)
     return std::nullopt;
   return SmallVector<int64_t>(a->ints().begin(), a->ints().end());
@@ -875,10 +989,14 @@ LogicalResult NodeImporter::checkFoldSize(ArrayRef<int64_t> shape) {
     else
       count *= d;
   }
-  if (count <= kMaxFoldElements)
-    return success();
-  return error() << "folding this node would create a constant of more than "
-                 << kMaxFoldElements << " elements";
+  if (count > kMaxFoldElements)
+    return error() << "folding this node would create a constant of more than "
+                   << kMaxFoldElements << " elements";
+  if (!graph.chargeFold(count))
+    return error() << "folding this node would take the model's folded "
+                      "constants past "
+                   << kMaxTotalFoldElements << " elements in all";
+  return success();
 }
 
 FailureOr<int64_t> NodeImporter::normalizeAxis(int64_t axis, int64_t rank) {
@@ -909,11 +1027,10 @@ static OwningOpRef<ModuleOp> parseText(MLIRContext *context, StringRef text,
                                        StringRef name, StringRef modelDir,
                                        const OnnxImportOptions &options) {
   onnx::ModelProto model;
-  std::string copy = text.str();
-  onnx::Status status = onnx::OnnxParser::Parse(model, copy.c_str());
-  if (!status.IsOK())
+  std::string error = parseOnnxText(text.str(), model);
+  if (!error.empty())
     return mlir::emitError(FileLineColLoc::get(context, name, 0, 0))
-               << "cannot parse ONNX text: " << status.ErrorMessage(),
+               << "cannot parse ONNX text: " << error,
            nullptr;
   return importModel(context, model, name, modelDir, options);
 }
@@ -948,8 +1065,19 @@ OwningOpRef<ModuleOp> mlir::fastllm::importOnnxFile(MLIRContext *context,
   if (dir.empty())
     dir = ".";
 
+  uint64_t size = 0;
+  std::string openError;
+  int fd = openRegularFile(path.str(), size, openError);
+  if (fd < 0)
+    return mlir::emitError(loc) << openError, nullptr;
+  if (size == 0) {
+    ::close(fd);
+    return mlir::emitError(loc) << "the file is empty", nullptr;
+  }
   if (options.textFormat) {
-    auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
+    auto buffer = llvm::MemoryBuffer::getOpenFile(fd, path, size,
+                                                  /*RequiresNullTerminator=*/true);
+    ::close(fd);
     if (!buffer)
       return mlir::emitError(loc) << "cannot read the file: "
                                   << buffer.getError().message(),
@@ -960,19 +1088,6 @@ OwningOpRef<ModuleOp> mlir::fastllm::importOnnxFile(MLIRContext *context,
 
   // Binary models are parsed from a file stream, so the file's bytes are not
   // held in memory next to the parsed weights.
-  int fd = ::open(path.str().c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return mlir::emitError(loc) << "cannot open the file: "
-                                << std::strerror(errno),
-           nullptr;
-  off_t size = ::lseek(fd, 0, SEEK_END);
-  ::lseek(fd, 0, SEEK_SET);
-  if (size <= 0) {
-    ::close(fd);
-    return mlir::emitError(loc) << (size == 0 ? "the file is empty"
-                                              : "the file cannot be read"),
-           nullptr;
-  }
   onnx::ModelProto model;
   bool parsed;
   {

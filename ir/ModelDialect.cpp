@@ -1,6 +1,7 @@
 //===- ModelDialect.cpp - model dialect ops and verifiers -----------------===//
 
 #include "ir/ModelDialect.h"
+#include "llvm/ADT/SmallString.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
@@ -476,14 +477,28 @@ static LogicalResult verifyNorm(Operation *op, Value input, ValueRange affine,
   return success();
 }
 
+/// Epsilon keeps a norm's denominator away from zero: it must be a positive
+/// finite number (a NaN or infinity would also not print as C++).
+static LogicalResult verifyEpsilon(Operation *op, APFloat eps) {
+  if (eps.isFinite() && !eps.isNegative() && !eps.isZero())
+    return success();
+  SmallString<16> text;
+  eps.toString(text);
+  return op->emitOpError("epsilon must be finite and positive, got ") << text;
+}
+
 LogicalResult LayerNormOp::verify() {
   SmallVector<Value> affine{getScale()};
   if (getBias())
     affine.push_back(getBias());
+  if (failed(verifyEpsilon(*this, getEpsilon())))
+    return failure();
   return verifyNorm(*this, getInput(), affine, getDim(), getResult());
 }
 
 LogicalResult RmsNormOp::verify() {
+  if (failed(verifyEpsilon(*this, getEpsilon())))
+    return failure();
   return verifyNorm(*this, getInput(), {getScale()}, getDim(), getResult());
 }
 

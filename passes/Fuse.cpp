@@ -201,7 +201,10 @@ struct RmsNormPattern : OpRewritePattern<MulOp> {
     RankedTensorType type = typeOf(root.getResult());
     for (Value r : factors) {
       auto [x, eps, dim] = matchInverseRms(r);
-      if (!x || typeOf(x) != type)
+      // A NaN, infinite or non-positive epsilon is no RMSNorm's: leave the
+      // ops as they are.
+      if (!x || typeOf(x) != type || !std::isfinite(eps) || !(eps > 0) ||
+          !std::isfinite(float(eps)))
         continue;
       SmallVector<Value> rest(factors);
       if (!takeValue(rest, r) || !takeValue(rest, x))

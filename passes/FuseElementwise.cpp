@@ -14,7 +14,9 @@
 //    the weight slot a model.get_parameter points into,
 //  - its result has the group's shape, or it is a cast or a broadcast (cheap
 //    enough to redo for each element it is broadcast to),
-//  - the group keeps at most kMaxInputs inputs.
+//  - the group keeps at most kMaxInputs inputs and kMaxGroupOps ops (a
+//    longer chain becomes several kernels: the functor's C++ stays small and
+//    the pass linear in the block's length).
 //
 //===----------------------------------------------------------------------===//
 
@@ -44,6 +46,34 @@ struct FuseElementwisePass
 /// Inputs a fused kernel takes at most (each is a pointer and a stride
 /// array among the kernel's parameters).
 constexpr unsigned kMaxInputs = 8;
+/// Ops one fused kernel holds at most.
+constexpr size_t kMaxGroupOps = 64;
+
+/// Positions of a block's ops as the pass found them, and how many ops with
+/// memory effects precede each: "no such op between two ops" in O(1) rather
+/// than a walk (Zero.h's quietBetween), and program order without the
+/// block's order index, which every fused op inserted would invalidate.
+struct BlockIndex {
+  explicit BlockIndex(Block &block) {
+    effectsBefore.push_back(0);
+    for (Operation &op : block) {
+      position[&op] = int64_t(effectsBefore.size()) - 1;
+      effectsBefore.push_back(effectsBefore.back() +
+                              (isMemoryEffectFree(&op) ? 0 : 1));
+    }
+  }
+  /// True when no op with memory effects lies strictly between `from` and
+  /// `to` (`from` before `to`, both ops the block had when indexed).
+  bool quietBetween(Operation *from, Operation *to) const {
+    int64_t i = position.lookup(from), j = position.lookup(to);
+    return effectsBefore[j] - effectsBefore[i + 1] == 0;
+  }
+  bool before(Operation *a, Operation *b) const {
+    return position.lookup(a) < position.lookup(b);
+  }
+  DenseMap<Operation *, int64_t> position;
+  SmallVector<int64_t> effectsBefore;
+};
 
 bool isPointwise(Operation *op) {
   return op->hasTrait<PointwiseTrait>() && op->getNumResults() == 1;
@@ -61,15 +91,16 @@ SmallVector<Value> groupInputs(ArrayRef<Operation *> ordered,
   return inputs.takeVector();
 }
 
-SmallVector<Operation *> inProgramOrder(const llvm::SetVector<Operation *> &g) {
+SmallVector<Operation *> inProgramOrder(const llvm::SetVector<Operation *> &g,
+                                        const BlockIndex &index) {
   SmallVector<Operation *> ops(g.begin(), g.end());
-  llvm::sort(ops,
-             [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
+  llvm::sort(ops, [&](Operation *a, Operation *b) { return index.before(a, b); });
   return ops;
 }
 
 /// Grows `root`'s group over its producers (see the file comment).
-llvm::SetVector<Operation *> growGroup(Operation *root) {
+llvm::SetVector<Operation *> growGroup(Operation *root,
+                                       const BlockIndex &index) {
   llvm::SetVector<Operation *> group;
   group.insert(root);
   auto shape = cast<RankedTensorType>(root->getResult(0).getType()).getShape();
@@ -85,18 +116,19 @@ llvm::SetVector<Operation *> growGroup(Operation *root) {
     auto type = cast<RankedTensorType>(p->getResult(0).getType());
     if (type.getShape() != shape && !isa<CastOp, BroadcastOp>(p))
       return false;
-    return quietBetween(p, root);
+    return index.quietBetween(p, root);
   };
   // A producer read twice in the group joins once both readers have.
-  for (bool grew = true; grew;) {
+  for (bool grew = true; grew && group.size() < kMaxGroupOps;) {
     grew = false;
-    for (size_t i = 0; i < group.size(); ++i)
+    for (size_t i = 0; i < group.size() && group.size() < kMaxGroupOps; ++i)
       for (Value v : group[i]->getOperands()) {
         Operation *p = v.getDefiningOp();
-        if (!joins(p))
+        if (group.size() >= kMaxGroupOps || !joins(p))
           continue;
         group.insert(p);
-        if (groupInputs(inProgramOrder(group), group).size() > kMaxInputs) {
+        if (groupInputs(inProgramOrder(group, index), group).size() >
+            kMaxInputs) {
           group.pop_back();
           continue;
         }
@@ -107,8 +139,9 @@ llvm::SetVector<Operation *> growGroup(Operation *root) {
 }
 
 /// Replaces the group's ops by one model.fused_elementwise at the root.
-void fuse(Operation *root, const llvm::SetVector<Operation *> &group) {
-  SmallVector<Operation *> ordered = inProgramOrder(group);
+void fuse(Operation *root, const llvm::SetVector<Operation *> &group,
+          const BlockIndex &index) {
+  SmallVector<Operation *> ordered = inProgramOrder(group, index);
   SmallVector<Value> inputs = groupInputs(ordered, group);
   SmallVector<Location> locs;
   for (Operation *op : ordered)
@@ -143,15 +176,19 @@ void FuseElementwisePass::runOnOperation() {
       for (Operation &op : block)
         if (isPointwise(&op))
           ops.push_back(&op);
+      // Fused ops replace their root in place and are pure, so the counts
+      // of effectful ops stay valid; a group only ever holds indexed ops
+      // (fused ops come after every root still to be taken).
+      BlockIndex index(block);
       DenseSet<Operation *> fusedAway;
       for (Operation *root : llvm::reverse(ops)) {
         if (fusedAway.contains(root))
           continue;
-        llvm::SetVector<Operation *> group = growGroup(root);
+        llvm::SetVector<Operation *> group = growGroup(root, index);
         if (group.size() < 2)
           continue;
         fusedAway.insert(group.begin(), group.end());
-        fuse(root, group);
+        fuse(root, group, index);
       }
     }
   });

@@ -94,11 +94,15 @@ SmallVector<Segment> findSegments(Block &body) {
 
 void PartitionStagesPass::runOnOperation() {
   ModuleOp module = getOperation();
-  if (!(layersPerStage > 0)) {
-    module.emitError("layers-per-stage must be positive, got ")
+  if (!(layersPerStage > 0) || !std::isfinite(layersPerStage)) {
+    module.emitError("layers-per-stage must be a positive finite number, got ")
         << layersPerStage.getValue();
     return signalPassFailure();
   }
+  // Fast-LLM's rule: a stage closes once the running layer count reaches the
+  // last cut plus F, the cuts advancing by F. Below one layer a stage still
+  // holds a whole layer (never an empty stage), so F < 1 means 1.
+  const double perStage = std::max<double>(layersPerStage, 1.0);
   auto forward = module.lookupSymbol<func::FuncOp>("forward");
   if (!forward) {
     module.emitError("no func.func @forward to partition");
@@ -150,7 +154,7 @@ void PartitionStagesPass::runOnOperation() {
   }
   auto stageOfLayer = [&](int64_t layer) -> int64_t {
     return layer == 0 ? 0
-                      : 1 + (int64_t)std::floor((layer - 1) / layersPerStage + 1e-9);
+                      : 1 + (int64_t)std::floor((layer - 1) / perStage + 1e-9);
   };
 
   Builder b(module.getContext());

@@ -205,8 +205,11 @@ def PartitionStagesPass : Pass<"fastllm-partition-stages", "ModuleOp"> {
     works on folded exports whose weights are anonymous (`onnx::MatMul_502`).
 
     Stages (Fast-LLM's rule): the embedding is stage 0; the blocks and the
-    head are grouped `layers-per-stage` at a time, layer j (0-based after the
-    embedding) going to stage 1 + floor(j / layers-per-stage). Every op gets
+    head are grouped `layers-per-stage` (F) at a time: a stage closes once the
+    running layer count reaches the last cut plus F, so layer j (0-based after
+    the embedding) goes to stage 1 + floor(j / max(F, 1)). F below 1 gives one
+    layer per stage (never an empty one); F must be positive and finite.
+    Every op gets
     `model.layer` and `model.stage`; ops computed from parameters and
     constants alone, and every `model.parameter`, take the stage of their
     first use (a tied embedding/head weight belongs to the embedding's
@@ -214,7 +217,8 @@ def PartitionStagesPass : Pass<"fastllm-partition-stages", "ModuleOp"> {
   }];
   let options = [
     Option<"layersPerStage", "layers-per-stage", "double", /*default=*/"1.0",
-           "Layers per stage (a positive number; fractions allowed)">,
+           "Layers per stage (a positive finite number; fractions allowed, "
+           "below 1 means one layer per stage)">,
   ];
 }
 

@@ -34,6 +34,8 @@
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
 
+#include <cmath>
+
 using namespace mlir;
 using namespace llvm;
 
@@ -58,7 +60,9 @@ static bool writeFile(StringRef path, StringRef text) {
 struct Report {
   int64_t weights, grads, master, optimizer, gradShard, inputs, activations,
       total;
-  int64_t allReduce; ///< the global gradient norm (one double)
+  /// The global gradient norm's sum of squares and the ranks' stop flag
+  /// (two doubles, runtime/Train.cpp).
+  int64_t allReduce;
 };
 
 static Report makeReport(const fastllm::MemoryPlan &plan) {
@@ -82,7 +86,7 @@ static Report makeReport(const fastllm::MemoryPlan &plan) {
           plan.activationsOffset - plan.tokensOffset,
           plan.activationsBytes,
           plan.arenaBytes,
-          plan.dataParallel > 1 ? 8 : 0};
+          plan.dataParallel > 1 ? 16 : 0};
 }
 
 static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
@@ -411,8 +415,8 @@ int fastllm::compileMain(int argc, char **argv) {
       return 1;
     }
   }
-  if (!(layersPerStage > 0)) {
-    compileError() << "--layers-per-stage must be positive, got "
+  if (!(layersPerStage > 0) || !std::isfinite(layersPerStage)) {
+    compileError() << "--layers-per-stage must be a positive finite number, got "
                    << layersPerStage << "\n";
     return 1;
   }

@@ -1,8 +1,16 @@
 //===- import-fuzzer.cpp - libFuzzer target for the ONNX importer ---------===//
 //
-// Feeds arbitrary bytes to the importer as a binary ModelProto. Any input must
-// give either a module or diagnostics: never a crash, a hang or unbounded
-// memory. Built with -fsanitize=fuzzer,address when the compiler is clang.
+// Feeds arbitrary bytes to the importer. Any input must give either a module
+// or diagnostics: never a crash, a hang or unbounded memory. Built with
+// -fsanitize=fuzzer,address when the compiler is clang.
+//
+// Both of the importer's surfaces are reached:
+//  - the ONNX text parser, for inputs that are printable text (as the
+//    .onnxtext seeds are), and the protobuf parser for everything else;
+//  - external data: the model's folder is a scratch folder holding
+//    `weights.bin` (4 KiB of floats), a symlink leaving the folder and an
+//    empty file, so initializers with data_location EXTERNAL are loaded,
+//    bounds-checked and refused the way a model file's would be.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,8 +22,46 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <unistd.h>
 
 using namespace mlir;
+
+namespace {
+
+/// A folder with files external data may name; made once per process.
+std::string makeModelFolder() {
+  char folder[] = "/tmp/fastllm-fuzz-XXXXXX";
+  if (!mkdtemp(folder))
+    std::abort();
+  std::string dir = folder;
+  if (FILE *f = std::fopen((dir + "/weights.bin").c_str(), "wb")) {
+    for (int i = 0; i < 1024; ++i) {
+      float v = 0.001f * float(i % 97) - 0.05f;
+      std::fwrite(&v, sizeof v, 1, f);
+    }
+    std::fclose(f);
+  }
+  if (FILE *f = std::fopen((dir + "/empty.bin").c_str(), "wb"))
+    std::fclose(f);
+  (void)symlink("/etc/hostname", (dir + "/outside.bin").c_str());
+  return dir;
+}
+
+/// Text when every byte is printable ASCII or whitespace.
+bool looksLikeText(const uint8_t *data, size_t size) {
+  if (size == 0)
+    return false;
+  for (size_t i = 0; i < size; ++i)
+    if (!(data[i] == '\n' || data[i] == '\t' || data[i] == '\r' ||
+          (data[i] >= 0x20 && data[i] < 0x7f)))
+      return false;
+  return true;
+}
+
+} // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static MLIRContext *context = [] {
@@ -27,13 +73,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ctx->getDiagEngine().registerHandler([](Diagnostic &) { return success(); });
     return ctx;
   }();
+  static const std::string folder = makeModelFolder();
   fastllm::OnnxImportOptions options;
   options.dimBindings["batch"] = 2;
   options.dimBindings["seq"] = 4;
-  // The first byte picks the format, so the text parser is fuzzed as well.
-  options.textFormat = size > 0 && data[0] == '<';
+  options.textFormat = looksLikeText(data, size);
   llvm::StringRef buffer(reinterpret_cast<const char *>(data), size);
-  OwningOpRef<ModuleOp> module =
-      fastllm::importOnnxBuffer(context, buffer, "fuzz", "", options);
+  OwningOpRef<ModuleOp> module = fastllm::importOnnxBuffer(
+      context, buffer, folder + "/fuzz.onnx", folder, options);
   return 0;
 }
