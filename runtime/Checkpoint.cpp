@@ -3,6 +3,7 @@
 #include "runtime/Checkpoint.h"
 
 #include "runtime/Json.h"
+#include "runtime/OutputFile.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -290,78 +292,29 @@ Expected<Manifest> fastllm::rt::parseManifest(std::string_view json) {
 
 namespace {
 
-/// Makes a rename or a new entry in `folder` durable. A folder that cannot be
-/// synced (some network filesystems) still holds complete files.
-void syncFolder(const std::string &folder) {
-  int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    fsync(fd);
-    ::close(fd);
-  }
-}
-
-/// A file written under a temporary name, checksummed as it goes, and
-/// renamed over `path` only once it is complete and on disk.
-class AtomicFile {
+/// An OutputFile that checksums the bytes as it writes them, so a shard's
+/// CRC32C costs no second read.
+class ChecksummedFile {
 public:
-  explicit AtomicFile(std::string path) : path(std::move(path)) {}
-  AtomicFile(const AtomicFile &) = delete;
-  AtomicFile &operator=(const AtomicFile &) = delete;
-  ~AtomicFile() {
-    if (fd >= 0) {
-      ::close(fd);
-      unlink(tmp.c_str());
-    }
-  }
+  explicit ChecksummedFile(std::string path) : file(std::move(path)) {}
 
-  Status open() {
-    tmp = path + ".tmp-XXXXXX";
-    fd = mkstemp(tmp.data());
-    if (fd < 0)
-      return failure();
-    // mkstemp creates 0600; the result should look like any file we create.
-    mode_t mask = umask(0);
-    umask(mask);
-    return fchmod(fd, 0666 & ~mask) == 0 ? Status() : failure();
-  }
-
+  Status open() { return file.open() ? Status() : failure(); }
   Status write(const void *data, int64_t bytes) {
-    record.crc32c = crc32c(record.crc32c, data, bytes);
+    record.crc32c = crc32c(record.crc32c, data, size_t(bytes));
     record.bytes += bytes;
-    for (const char *p = static_cast<const char *>(data); bytes > 0;) {
-      ssize_t n = ::write(fd, p, std::min<int64_t>(bytes, 1 << 30));
-      if (n < 0 && errno == EINTR)
-        continue;
-      if (n <= 0)
-        return failure();
-      p += n;
-      bytes -= n;
-    }
-    return Status();
+    return file.write(data, size_t(bytes)) ? Status() : failure();
   }
-
-  /// fsync, close and rename into place.
+  /// Synced and renamed into place.
   Expected<ShardRecord> commit() {
-    if (fsync(fd) != 0)
+    if (!file.commit())
       return failure();
-    int err = ::close(fd) == 0 ? 0 : errno;
-    fd = -1;
-    if (err == 0 && std::rename(tmp.c_str(), path.c_str()) != 0)
-      err = errno;
-    if (err != 0) {
-      unlink(tmp.c_str());
-      return errorf("cannot write '%s': %s", path.c_str(), std::strerror(err));
-    }
     return record;
   }
 
 private:
-  Status failure() const {
-    return errorf("cannot write '%s': %s", path.c_str(), std::strerror(errno));
-  }
+  Status failure() const { return Status::error(file.error()); }
 
-  std::string path, tmp;
-  int fd = -1;
+  OutputFile file;
   ShardRecord record;
 };
 
@@ -395,7 +348,7 @@ Expected<ShardRecord> writeShard(const std::string &path, int rank,
                                  const std::vector<Region> &regions) {
   std::string header = shardHeader(rank, step, regions);
   uint64_t headerBytes = header.size();
-  AtomicFile file(path);
+  ChecksummedFile file(path);
   Status s = file.open();
   if (s.ok())
     s = file.write(kShardMagic, sizeof(kShardMagic));
@@ -538,7 +491,6 @@ Status fastllm::rt::saveCheckpoint(Communicator &comm, const std::string &dir,
       folder + "/" + shardFileName(comm.rank()), comm.rank(), m.step, regions);
   if (!mine)
     return mine.status(); // the peers wait below until the job is aborted
-  syncFolder(folder);     // the rename
   m.dp = comm.size();
   m.shards.assign(comm.size(), ShardRecord());
   comm.allGatherBytes(&*mine, m.shards.data(), sizeof(ShardRecord));
@@ -546,7 +498,7 @@ Status fastllm::rt::saveCheckpoint(Communicator &comm, const std::string &dir,
     return Status();
 
   std::string json = manifestJson(m);
-  AtomicFile file(manifestPath);
+  ChecksummedFile file(manifestPath);
   Status s = file.open();
   if (s.ok())
     s = file.write(json.data(), json.size());
@@ -554,7 +506,6 @@ Status fastllm::rt::saveCheckpoint(Communicator &comm, const std::string &dir,
     return s;
   if (Expected<ShardRecord> done = file.commit(); !done)
     return done.status();
-  syncFolder(folder);
   return Status();
 }
 
@@ -631,10 +582,201 @@ fastllm::rt::loadLatestCheckpoint(Communicator &comm, const std::string &dir,
         }
     }
     result.skipped.push_back(line);
+    // Rank 0's view decides (every rank read the same manifest file).
+    int64_t hadManifest = m.ok();
+    comm.broadcast(&hadManifest, sizeof(hadManifest), 0);
+    result.damaged += hadManifest;
   }
-  std::string skipped;
-  for (const std::string &line : result.skipped)
-    skipped += "; " + line;
-  return errorf("no complete checkpoint in '%s' to resume from%s", dir.c_str(),
-                skipped.c_str());
+  return result; // none complete: an empty path
+}
+
+Expected<std::vector<int64_t>>
+fastllm::rt::listCompleteCheckpointSteps(const std::string &dir) {
+  Expected<std::vector<int64_t>> steps = listCheckpointSteps(dir);
+  if (!steps)
+    return steps;
+  std::vector<int64_t> complete;
+  for (int64_t step : *steps) {
+    Expected<Manifest> m = readManifest(dir + "/" + stepFolderName(step));
+    if (m && m->step == step)
+      complete.push_back(step);
+  }
+  return complete;
+}
+
+namespace {
+
+/// Whether `name` is an OutputFile temporary: `<target>.tmp-XXXXXX`.
+bool isTemporary(const char *name) {
+  const char *at = std::strstr(name, kTemporarySuffix);
+  return at && at != name && std::strlen(at) == std::strlen(kTemporarySuffix) + 6;
+}
+
+/// The entries of `folder` (not . and ..), or an error.
+Expected<std::vector<std::string>> entries(const std::string &folder) {
+  DIR *d = opendir(folder.c_str());
+  if (!d)
+    return errorf("cannot read folder '%s': %s", folder.c_str(),
+                  std::strerror(errno));
+  std::vector<std::string> names;
+  while (dirent *e = readdir(d))
+    if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, ".."))
+      names.push_back(e->d_name);
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+} // namespace
+
+Expected<int64_t>
+fastllm::rt::removeOrphanTemporaries(const std::string &dir) {
+  int64_t removed = 0;
+  std::vector<std::string> folders = {dir};
+  Expected<std::vector<int64_t>> steps = listCheckpointSteps(dir);
+  if (!steps)
+    return steps.status();
+  for (int64_t step : *steps)
+    folders.push_back(dir + "/" + stepFolderName(step));
+  for (const std::string &folder : folders) {
+    Expected<std::vector<std::string>> names = entries(folder);
+    if (!names)
+      return names.status();
+    for (const std::string &name : *names) {
+      if (!isTemporary(name.c_str()))
+        continue;
+      std::string path = folder + "/" + name;
+      struct stat st;
+      if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+        continue; // only files OutputFile could have made
+      if (unlink(path.c_str()) != 0)
+        return errorf("cannot remove the orphan temporary '%s': %s",
+                      path.c_str(), std::strerror(errno));
+      ++removed;
+    }
+    syncFolder(folder);
+  }
+  return removed;
+}
+
+Status fastllm::rt::removeCheckpoint(const std::string &dir, int64_t step) {
+  std::string folder = dir + "/" + stepFolderName(step);
+  // The manifest first: a folder half removed is incomplete, not damaged.
+  std::string manifest = folder + "/manifest.json";
+  if (unlink(manifest.c_str()) != 0 && errno != ENOENT)
+    return errorf("cannot remove '%s': %s", manifest.c_str(),
+                  std::strerror(errno));
+  syncFolder(folder);
+  Expected<std::vector<std::string>> names = entries(folder);
+  if (!names)
+    return names.status();
+  for (const std::string &name : *names) {
+    // Only what a checkpoint holds: shards and temporaries.
+    bool shard = name.size() == shardFileName(0).size() &&
+                 name.compare(0, 5, "rank-") == 0 &&
+                 name.compare(name.size() - 4, 4, ".bin") == 0;
+    if (!shard && !isTemporary(name.c_str()))
+      continue;
+    std::string path = folder + "/" + name;
+    if (unlink(path.c_str()) != 0 && errno != ENOENT)
+      return errorf("cannot remove '%s': %s", path.c_str(),
+                    std::strerror(errno));
+  }
+  if (rmdir(folder.c_str()) != 0)
+    return errorf("cannot remove checkpoint folder '%s': %s", folder.c_str(),
+                  std::strerror(errno));
+  syncFolder(dir);
+  return Status();
+}
+
+Expected<std::vector<int64_t>>
+fastllm::rt::pruneCheckpoints(const std::string &dir, int64_t keep) {
+  std::vector<int64_t> removed;
+  if (keep <= 0)
+    return removed;
+  Expected<std::vector<int64_t>> complete = listCompleteCheckpointSteps(dir);
+  if (!complete)
+    return complete;
+  if (int64_t(complete->size()) <= keep)
+    return removed;
+  const int64_t oldestKept = (*complete)[keep - 1];
+  Expected<std::vector<int64_t>> all = listCheckpointSteps(dir);
+  if (!all)
+    return all;
+  for (int64_t step : *all) {
+    if (step >= oldestKept)
+      continue;
+    if (Status s = removeCheckpoint(dir, step); !s.ok())
+      return s;
+    removed.push_back(step);
+  }
+  return removed;
+}
+
+//===----------------------------------------------------------------------===//
+// The folder's lock
+//===----------------------------------------------------------------------===//
+
+const char *const fastllm::rt::kLockFileName = "train.lock";
+
+CheckpointLock::~CheckpointLock() {
+  if (fd >= 0)
+    ::close(fd); // releases the flock
+}
+
+CheckpointLock::CheckpointLock(CheckpointLock &&other) noexcept
+    : fd(other.fd) {
+  other.fd = -1;
+}
+
+CheckpointLock &CheckpointLock::operator=(CheckpointLock &&other) noexcept {
+  std::swap(fd, other.fd);
+  return *this;
+}
+
+Expected<CheckpointLock> CheckpointLock::acquire(const std::string &dir) {
+  std::string path = dir + "/" + kLockFileName;
+  std::string owner = path + ".owner";
+  if (std::string why = checkReplaceable(path); !why.empty())
+    return Status::error("--checkpoint-dir '" + dir + "': " + why);
+  // Never replaced (another job's lock would then be on a different file):
+  // created once, empty, and only locked.
+  int fd = ::open(path.c_str(),
+                  O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+  if (fd < 0)
+    return errorf("--checkpoint-dir '%s': cannot open its lock file '%s': %s",
+                  dir.c_str(), path.c_str(), std::strerror(errno));
+  CheckpointLock lock;
+  lock.fd = fd;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return errorf("--checkpoint-dir '%s': its lock file '%s' is not a "
+                  "regular file",
+                  dir.c_str(), path.c_str());
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    if (err != EWOULDBLOCK)
+      return errorf("--checkpoint-dir '%s': cannot lock '%s': %s", dir.c_str(),
+                    path.c_str(), std::strerror(err));
+    std::string holder;
+    if (FILE *f = std::fopen(owner.c_str(), "rb")) {
+      char buf[256] = {};
+      size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+      std::fclose(f);
+      holder = std::string(buf, n);
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' '))
+        holder.pop_back();
+    }
+    return errorf("--checkpoint-dir '%s' is in use by another training job%s "
+                  "(it holds '%s'); wait for it to end or use another folder",
+                  dir.c_str(),
+                  holder.empty() ? "" : (" (" + holder + ")").c_str(),
+                  path.c_str());
+  }
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string who = "pid " + std::to_string(getpid()) + " on " + host + "\n";
+  if (std::string why = writeFileAtomically(owner, who); !why.empty())
+    return Status::error("--checkpoint-dir '" + dir + "': " + why);
+  return lock;
 }

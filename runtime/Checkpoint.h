@@ -110,16 +110,62 @@ struct Restored {
   Manifest manifest;
   /// One line per newer checkpoint skipped, saying why.
   std::vector<std::string> skipped;
+  /// How many of those had a manifest (a save that finished) but failed
+  /// to load: damaged, not merely incomplete.
+  int64_t damaged = 0;
 };
 
 /// Loads this rank's regions from the newest complete checkpoint under `dir`
 /// whose plan fingerprint equals `plan`. Collective: every rank calls it, and
-/// all end on the same checkpoint. The regions' contents are unspecified
-/// when it fails.
+/// all end on the same checkpoint. When none is complete, the result has an
+/// empty path (and says in `skipped` why each was passed over). The regions'
+/// contents are unspecified unless a checkpoint was loaded.
 Expected<Restored> loadLatestCheckpoint(Communicator &comm,
                                         const std::string &dir,
                                         const Fingerprint &plan,
                                         const std::vector<Region> &regions);
+
+/// The steps under `dir` whose folder holds a manifest for that step (a save
+/// that finished), newest first. Shards are not read: this is what a fresh
+/// run refuses to start among and what --keep-last counts.
+Expected<std::vector<int64_t>>
+listCompleteCheckpointSteps(const std::string &dir);
+
+/// Removes OutputFile temporaries (`*.tmp-XXXXXX`, regular files) left by
+/// killed saves in `dir` and its step folders; returns how many. Only for a
+/// folder this process holds the lock of.
+Expected<int64_t> removeOrphanTemporaries(const std::string &dir);
+
+/// Removes step `step`'s folder: its manifest first (so a half-removed one
+/// reads as incomplete), then its shards and temporaries, then the folder.
+Status removeCheckpoint(const std::string &dir, int64_t step);
+
+/// --keep-last: when more than `keep` complete checkpoints exist, removes
+/// every step folder (complete or not) older than the keep-th newest
+/// complete one; returns the steps removed. `keep` <= 0 keeps everything.
+Expected<std::vector<int64_t>> pruneCheckpoints(const std::string &dir,
+                                                int64_t keep);
+
+/// The lock file in a checkpoint folder.
+extern const char *const kLockFileName;
+
+/// An exclusive flock on DIR/train.lock, held while the object lives, so two
+/// jobs never share a checkpoint folder. Its holder is named in
+/// DIR/train.lock.owner ("pid N on HOST") for the refusal message.
+class CheckpointLock {
+public:
+  /// Fails at once (no waiting) when another process holds it.
+  static Expected<CheckpointLock> acquire(const std::string &dir);
+  CheckpointLock() = default;
+  CheckpointLock(CheckpointLock &&other) noexcept;
+  CheckpointLock &operator=(CheckpointLock &&other) noexcept;
+  CheckpointLock(const CheckpointLock &) = delete;
+  CheckpointLock &operator=(const CheckpointLock &) = delete;
+  ~CheckpointLock();
+
+private:
+  int fd = -1;
+};
 
 } // namespace fastllm::rt
 

@@ -42,14 +42,27 @@ template <typename T> void copyUnlessSame(const T *in, T *out, int64_t n) {
 
 } // namespace
 
+/// Tags on the probe communicator: a timed-out rank's question (payload: the
+/// stuck collective's number) and a peer's answer (collectives it issued).
+constexpr int kQueryTag = 1, kAnswerTag = 2;
+
 struct Communicator::Handle {
   MPI_Comm comm = MPI_COMM_NULL;
+  /// Where timed-out ranks ask who has arrived (see Comm.h).
+  MPI_Comm probe = MPI_COMM_NULL;
+  /// Answers being sent, with their buffers.
+  struct Answer {
+    std::unique_ptr<int64_t> value;
+    MPI_Request request;
+  };
+  std::vector<Answer> answers;
 };
 
 struct Request::Pending {
   Communicator *comm = nullptr;
   const char *op = "";
   std::vector<MPI_Request> requests;
+  int64_t seq = 0; ///< the collective's number (Communicator::issue)
 };
 
 //===----------------------------------------------------------------------===//
@@ -116,6 +129,9 @@ Expected<std::unique_ptr<Communicator>> Communicator::create(int *argc,
           MPI_SUCCESS ||
       MPI_Comm_dup(MPI_COMM_WORLD, &handle) != MPI_SUCCESS ||
       MPI_Comm_set_errhandler(handle, MPI_ERRORS_RETURN) != MPI_SUCCESS ||
+      MPI_Comm_dup(MPI_COMM_WORLD, &comm->handle->probe) != MPI_SUCCESS ||
+      MPI_Comm_set_errhandler(comm->handle->probe, MPI_ERRORS_RETURN) !=
+          MPI_SUCCESS ||
       MPI_Comm_rank(handle, &comm->myRank) != MPI_SUCCESS ||
       MPI_Comm_size(handle, &comm->worldSize) != MPI_SUCCESS)
     return errorf("cannot set up MPI_COMM_WORLD (thread level %d provided)",
@@ -155,6 +171,10 @@ Expected<std::unique_ptr<Communicator>> Communicator::createSelf() {
 }
 
 Communicator::~Communicator() {
+  for (Handle::Answer &a : handle->answers) // a peer died before receiving
+    MPI_Cancel(&a.request);
+  if (handle->probe != MPI_COMM_NULL)
+    MPI_Comm_free(&handle->probe);
   if (handle->comm != MPI_COMM_NULL)
     MPI_Comm_free(&handle->comm);
   if (ownsMpi)
@@ -195,7 +215,8 @@ void Communicator::wait(Request::Pending &pending) {
   for (;;) {
     // Open MPI progresses non-blocking collectives inside MPI calls, so the
     // wait must keep testing; it spins for the first few milliseconds (most
-    // collectives end there), then yields the core between tests.
+    // collectives end there), then yields the core between tests and
+    // answers peers that timed out asking how far this rank has got.
     int done = 0;
     check(MPI_Testall(int(pending.requests.size()), pending.requests.data(),
                       &done, MPI_STATUSES_IGNORE),
@@ -206,12 +227,91 @@ void Communicator::wait(Request::Pending &pending) {
     if (now >= deadline) {
       char seconds[32];
       std::snprintf(seconds, sizeof(seconds), "%g", timeoutSeconds);
-      fail(pending.op, std::string("timed out after ") + seconds +
-                           " s (a peer rank may have died)");
+      fail(pending.op, std::string("timed out after ") + seconds + " s; " +
+                           whoNeverArrived(pending.seq));
     }
-    if (now - start > std::chrono::milliseconds(5))
+    if (now - start > std::chrono::milliseconds(5)) {
+      answerProbes();
       std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
+}
+
+void Communicator::answerProbes() {
+  MPI_Comm probe = handle->probe;
+  if (probe == MPI_COMM_NULL)
+    return;
+  for (;;) {
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kQueryTag, probe, &flag, &status) !=
+            MPI_SUCCESS ||
+        !flag)
+      break;
+    int64_t asked = 0;
+    if (MPI_Recv(&asked, 1, MPI_INT64_T, status.MPI_SOURCE, kQueryTag, probe,
+                 MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      break;
+    Handle::Answer answer{std::make_unique<int64_t>(issued), MPI_REQUEST_NULL};
+    if (MPI_Isend(answer.value.get(), 1, MPI_INT64_T, status.MPI_SOURCE,
+                  kAnswerTag, probe, &answer.request) == MPI_SUCCESS)
+      handle->answers.push_back(std::move(answer));
+  }
+  auto &answers = handle->answers;
+  answers.erase(std::remove_if(answers.begin(), answers.end(),
+                               [](Handle::Answer &a) {
+                                 int sent = 0;
+                                 MPI_Test(&a.request, &sent,
+                                          MPI_STATUS_IGNORE);
+                                 return sent != 0;
+                               }),
+                answers.end());
+}
+
+std::string Communicator::whoNeverArrived(int64_t seq) {
+  MPI_Comm probe = handle->probe;
+  if (probe == MPI_COMM_NULL || worldSize < 2)
+    return "(a peer rank may have died)";
+  using Clock = std::chrono::steady_clock;
+  const double grace = std::clamp(timeoutSeconds / 10, 2.0, 10.0);
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(grace));
+  std::vector<int64_t> question(worldSize, seq), answer(worldSize, -1);
+  std::vector<MPI_Request> asks(worldSize, MPI_REQUEST_NULL),
+      answers(worldSize, MPI_REQUEST_NULL);
+  for (int r = 0; r < worldSize; ++r) {
+    if (r == myRank)
+      continue;
+    MPI_Irecv(&answer[r], 1, MPI_INT64_T, r, kAnswerTag, probe, &answers[r]);
+    MPI_Isend(&question[r], 1, MPI_INT64_T, r, kQueryTag, probe, &asks[r]);
+  }
+  std::vector<bool> answered(worldSize, false);
+  answered[myRank] = true;
+  for (;;) {
+    bool all = true;
+    for (int r = 0; r < worldSize; ++r) {
+      if (answered[r])
+        continue;
+      int got = 0;
+      if (MPI_Test(&answers[r], &got, MPI_STATUS_IGNORE) == MPI_SUCCESS && got)
+        answered[r] = true;
+      all = all && answered[r];
+    }
+    if (all || Clock::now() >= deadline)
+      break;
+    answerProbes(); // peers that timed out too ask this rank
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // (The requests still open are abandoned: the job is about to abort.)
+  std::string missing;
+  for (int r = 0; r < worldSize; ++r)
+    if (r != myRank && (!answered[r] || answer[r] < seq)) // silent, or behind
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  if (missing.empty())
+    return "every rank reached it (a transport failure, or a peer failed "
+           "inside it)";
+  return "rank(s) " + missing + " never arrived";
 }
 
 Request Communicator::iallReduceSum(const float *in, float *out, int64_t n) {
@@ -221,7 +321,7 @@ Request Communicator::iallReduceSum(const float *in, float *out, int64_t n) {
     copyUnlessSame(in, out, n);
     return r;
   }
-  r.pending.reset(new Request::Pending{this, "all-reduce", {}});
+  r.pending.reset(new Request::Pending{this, "all-reduce", {}, issue()});
   for (int64_t begin = 0; begin < n; begin += kMaxChunk) {
     int count = int(std::min(kMaxChunk, n - begin));
     MPI_Request request;
@@ -246,7 +346,8 @@ Request Communicator::ireduceScatterSum(const float *in, float *out,
     copyUnlessSame(in, out, n);
     return r;
   }
-  r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL}});
+  r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL},
+                                            issue()});
   // In place (in == out): the buffer holds every rank's part and the
   // result lands at its start.
   check(MPI_Ireduce_scatter_block(in == out ? MPI_IN_PLACE : in, out, int(n),
@@ -268,7 +369,8 @@ Request Communicator::iallGather(const float *in, float *out, int64_t n) {
     copyUnlessSame(in, out, n);
     return r;
   }
-  r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL}});
+  r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL},
+                                            issue()});
   bool inPlace = in == out + int64_t(myRank) * n;
   check(MPI_Iallgather(inPlace ? MPI_IN_PLACE : in, int(n), MPI_FLOAT, out,
                        int(n), MPI_FLOAT, handle->comm,
@@ -290,18 +392,20 @@ void Communicator::allGather(const float *in, float *out, int64_t n) {
 }
 
 void Communicator::allReduceSumOrdered(const double *in, double *out,
-                                       int64_t n) {
+                                       int64_t n, double *perRank) {
   const char *op = "all-reduce";
   if (n > INT_MAX / std::max(worldSize, 1))
     fail(op, "of " + std::to_string(n) +
                  " doubles is larger than the ordered form handles");
   counters.allReduce += n * int64_t(sizeof(double));
   if (local) {
+    if (perRank)
+      copyUnlessSame(in, perRank, n);
     copyUnlessSame(in, out, n);
     return;
   }
   std::vector<double> all(size_t(worldSize) * n);
-  Request::Pending pending{this, op, {MPI_REQUEST_NULL}};
+  Request::Pending pending{this, op, {MPI_REQUEST_NULL}, issue()};
   check(MPI_Iallgather(in, int(n), MPI_DOUBLE, all.data(), int(n), MPI_DOUBLE,
                        handle->comm, &pending.requests[0]),
         op);
@@ -312,13 +416,15 @@ void Communicator::allReduceSumOrdered(const double *in, double *out,
       sum += all[size_t(r) * n + i];
     out[i] = sum;
   }
+  if (perRank)
+    std::copy(all.begin(), all.end(), perRank);
 }
 
 void Communicator::broadcast(void *data, int64_t bytes, int root) {
   counters.broadcast += bytes;
   if (local)
     return;
-  Request::Pending pending{this, "broadcast", {}};
+  Request::Pending pending{this, "broadcast", {}, issue()};
   for (int64_t begin = 0; begin < bytes; begin += kMaxChunk) {
     MPI_Request request;
     check(MPI_Ibcast(static_cast<char *>(data) + begin,
@@ -333,7 +439,7 @@ void Communicator::broadcast(void *data, int64_t bytes, int root) {
 void Communicator::barrier() {
   if (local)
     return;
-  Request::Pending pending{this, "barrier", {MPI_REQUEST_NULL}};
+  Request::Pending pending{this, "barrier", {MPI_REQUEST_NULL}, issue()};
   check(MPI_Ibarrier(handle->comm, &pending.requests[0]), pending.op);
   wait(pending);
 }
@@ -350,7 +456,7 @@ void Communicator::allGatherBytes(const void *in, void *out, int64_t bytes) {
       std::memcpy(out, in, size_t(bytes));
     return;
   }
-  Request::Pending pending{this, op, {MPI_REQUEST_NULL}};
+  Request::Pending pending{this, op, {MPI_REQUEST_NULL}, issue()};
   check(MPI_Iallgather(in, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE,
                        handle->comm, &pending.requests[0]),
         op);

@@ -9,9 +9,19 @@
 // return a Status. Each wait polls with a deadline (--collective-timeout); on
 // timeout or an MPI error the process prints
 //
-//   train: error: rank R: step S: <collective> timed out after T s (...)
+//   train: error: rank R: step S: <collective> timed out after T s; rank(s)
+//   2 never arrived
 //
 // and aborts the job, so no rank hangs forever on a dead or diverged peer.
+//
+// Naming the rank that never arrived: every rank numbers the collectives it
+// issues (all ranks issue the same sequence). A rank whose wait times out
+// asks every peer, on a communicator of its own, how many collectives it
+// has issued, and waits a short grace period (--collective-timeout / 10,
+// between 2 and 10 s) for the answers. Peers answer from inside their own
+// waits (every rank stuck behind a missing one is waiting), so the ranks
+// that do not answer, or answer with a number below the stuck collective's,
+// are the ones that never arrived: hung, stopped, dead or still computing.
 //
 // The header does not include <mpi.h>: generated code and tests can call the
 // runtime without MPI's include paths.
@@ -117,7 +127,10 @@ public:
   /// that every rank gets the same bits whatever algorithm MPI picks (for
   /// small n: it gathers every rank's n values). Counted as an all-reduce of
   /// n * 8 bytes. `in == out` is allowed.
-  void allReduceSumOrdered(const double *in, double *out, int64_t n);
+  /// `perRank`, when given, receives every rank's n inputs (size() * n
+  /// values, rank r's at r * n): the all-reduce gathers them anyway.
+  void allReduceSumOrdered(const double *in, double *out, int64_t n,
+                           double *perRank = nullptr);
   void broadcast(void *data, int64_t bytes, int root);
   void barrier();
   /// An all-gather of `bytes` raw bytes per rank, counted as control.
@@ -152,6 +165,13 @@ private:
   void check(int code, const char *op);
   /// Waits for a pending collective until the timeout.
   void wait(Request::Pending &pending);
+  /// The next collective's sequence number (1-based).
+  int64_t issue() { return ++issued; }
+  /// Answers peers asking how far this rank has got (see the file comment).
+  void answerProbes();
+  /// After collective `seq` timed out: the ranks that never issued it, as
+  /// "rank(s) 2, 3 never arrived", or what else is known.
+  std::string whoNeverArrived(int64_t seq);
 
   std::unique_ptr<Handle> handle;
   int myRank = 0, worldSize = 1, myLocalRank = 0;
@@ -160,6 +180,8 @@ private:
   double timeoutSeconds = 300;
   std::atomic<int64_t> currentStep{0};
   CommBytes counters;
+  int64_t issued = 0; ///< collectives issued so far
+
 };
 
 } // namespace fastllm::rt

@@ -200,7 +200,8 @@ const Flag kFlags[] = {
        return Status();
      }},
     {"allow-nonfinite", nullptr, "off",
-     "keep training when the loss is NaN or infinite",
+     "keep training when the loss is NaN or infinite (updates with a "
+     "non-finite gradient norm are still skipped)",
      [](Options &o, const char *, const std::string &, const PlanInfo &) {
        o.allowNonfinite = true;
        return Status();
@@ -212,12 +213,20 @@ const Flag kFlags[] = {
        return Status();
      }},
     {"checkpoint-every", "N", "off",
-     "checkpoint after every N-th step (needs --checkpoint-dir)",
+     "checkpoint after every N-th step (needs --checkpoint-dir); the last "
+     "step and a stop on a signal are checkpointed too",
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
        return parseInt(f, v, 1, o.checkpointEvery);
      }},
+    {"keep-last", "N", "all",
+     "keep the N newest complete checkpoints, removing older ones once a "
+     "newer one is complete",
+     [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
+       return parseInt(f, v, 1, o.keepLast);
+     }},
     {"resume", nullptr, "off",
-     "continue from the newest complete checkpoint in --checkpoint-dir",
+     "continue from the newest complete checkpoint in --checkpoint-dir (from "
+     "the initial weights when it holds none)",
      [](Options &o, const char *, const std::string &, const PlanInfo &) {
        o.resume = true;
        return Status();
@@ -226,6 +235,12 @@ const Flag kFlags[] = {
      "abort the job when a collective waits longer than S seconds",
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
        return parseReal(f, v, 0, true, kInf, o.collectiveTimeout);
+     }},
+    {"max-skipped-steps", "N", "5",
+     "stop with an error after N consecutive steps skipped for a non-finite "
+     "gradient norm",
+     [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
+       return parseInt(f, v, 1, o.maxSkippedSteps);
      }},
     {"help", nullptr, nullptr, "print this help and the model's plan", nullptr},
 };
@@ -296,6 +311,8 @@ Expected<Options> fastllm::rt::parseFlags(int argc, const char *const *argv,
     return errorf("--resume needs --checkpoint-dir DIR");
   if (!opts.checkpointDir.empty() && !opts.checkpointEvery && !opts.resume)
     return errorf("--checkpoint-dir needs --checkpoint-every N or --resume");
+  if (opts.checkpointDir.empty() && opts.keepLast)
+    return errorf("--keep-last needs --checkpoint-dir DIR");
   if (opts.weightsPath.empty())
     opts.weightsPath = defaultWeightsPath();
   return opts;
@@ -345,6 +362,34 @@ parameters of rank >= 2, frozen parameters untouched):
   p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 --clip-grad-norm F first scales all gradients by F / (norm + 1e-6) when that
 is below 1 (torch.nn.utils.clip_grad_norm_); grad_norm reports the norm before.
+
+a step whose global gradient norm is NaN or infinite is skipped: no weight,
+AdamW moment or step count changes; it is logged with "SKIPPED" and its
+metrics line has "skipped": true. --max-skipped-steps in a row end the run.
+A checkpoint is never written with a non-finite value in it (refused).
+
+checkpoints (--checkpoint-dir DIR): DIR/step-NNNNNNNN/, complete once its
+manifest.json is written; also written after the last step and on a stop.
+One job at a time: rank 0 holds an flock on DIR/train.lock (a second job
+fails at once, naming the holder from DIR/train.lock.owner). At start rank 0
+removes temporaries (*.tmp-XXXXXX) that killed saves left. A fresh run is
+refused only where a complete checkpoint lies; --resume takes the newest
+complete one, or the initial weights when there is none (and says so).
+
+signals: SIGTERM, SIGINT or SIGUSR1 on any rank stops the job after the
+current step, the same step on every rank (agreed through the gradient-norm
+all-reduce), with a checkpoint when --checkpoint-dir is set; a second signal
+of the same kind ends that process at once. Under mpirun, signal the train
+processes (or send mpirun SIGUSR1, which Open MPI forwards to them).
+
+exit status:
+  0        every step ran (and the last one was checkpointed, with
+           --checkpoint-dir)
+  1        an error: bad input or flags, a non-finite loss, too many skipped
+           steps, a checkpoint refused, a checkpoint folder in use, a
+           collective timeout (its message names the ranks that never arrived)
+  128 + N  stopped early by signal N after a complete step: 143 SIGTERM,
+           130 SIGINT, 138 SIGUSR1; rerun with --resume to continue
 )";
   return text;
 }

@@ -39,7 +39,11 @@ struct Options {
   std::string checkpointDir;   ///< empty: no checkpoints
   int64_t checkpointEvery = 0; ///< checkpoint after every N-th step; 0: never
   bool resume = false;         ///< start from checkpointDir's newest one
+  int64_t keepLast = 0;        ///< complete checkpoints kept; 0: all
   double collectiveTimeout = 300; ///< seconds before a stuck job is aborted
+  /// Consecutive steps with a non-finite gradient norm (each skipped) after
+  /// which the run stops with an error.
+  int64_t maxSkippedSteps = 5;
   bool help = false; ///< --help was given; nothing else was checked
 };
 

@@ -2,10 +2,15 @@
 
 #include "runtime/Metrics.h"
 
+#include "runtime/OutputFile.h"
+
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <utility>
 
 using namespace fastllm::rt;
@@ -36,7 +41,8 @@ std::string fastllm::rt::metricsJson(const StepRecord &r) {
          ", \"mem_bytes\": " + std::to_string(r.memBytes) +
          ", \"reduce_scatter_bytes\": " + std::to_string(r.reduceScatterBytes) +
          ", \"all_gather_bytes\": " + std::to_string(r.allGatherBytes) +
-         ", \"all_reduce_bytes\": " + std::to_string(r.allReduceBytes) + "}";
+         ", \"all_reduce_bytes\": " + std::to_string(r.allReduceBytes) +
+         ", \"skipped\": " + (r.skipped ? "true" : "false") + "}";
 }
 
 std::string fastllm::rt::formatDuration(double seconds) {
@@ -57,6 +63,9 @@ std::string fastllm::rt::logLine(const StepRecord &r, int64_t totalSteps,
                 width, (long long)r.step, (long long)totalSteps, r.loss, r.lr,
                 r.gradNorm, r.tokensPerSecond, r.stepMs,
                 formatDuration(etaSeconds).c_str());
+  if (r.skipped)
+    return std::string(buf) +
+           " | SKIPPED: non-finite gradient norm, nothing updated";
   return buf;
 }
 
@@ -64,10 +73,38 @@ Expected<MetricsFile> MetricsFile::create(const std::string &path,
                                           bool append) {
   MetricsFile m;
   m.path = path;
-  m.file = std::fopen(path.c_str(), append ? "a" : "w");
-  if (!m.file)
-    return errorf("cannot create metrics file '%s': %s", path.c_str(),
+  auto refuse = [&](const std::string &why) {
+    return Status::error("metrics file: " + why);
+  };
+  if (std::string why = checkReplaceable(path); !why.empty())
+    return refuse(why);
+  if (!append)
+    if (std::string why = writeFileAtomically(path, ""); !why.empty())
+      return refuse(why);
+  // O_NOFOLLOW and O_NONBLOCK: whatever replaced the checked entry since, a
+  // symlink is not followed and a FIFO does not block the open; fstat then
+  // tells what was opened.
+  int fd = ::open(path.c_str(),
+                  O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK |
+                      O_CLOEXEC,
+                  0666);
+  if (fd < 0)
+    return errorf("cannot open metrics file '%s': %s", path.c_str(),
                   std::strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      fcntl(fd, F_SETFL, O_APPEND) != 0) {
+    ::close(fd);
+    return refuse("'" + path + "' is not a regular file; refusing to write "
+                  "to it");
+  }
+  m.file = fdopen(fd, "a");
+  if (!m.file) {
+    int err = errno;
+    ::close(fd);
+    return errorf("cannot open metrics file '%s': %s", path.c_str(),
+                  std::strerror(err));
+  }
   return m;
 }
 

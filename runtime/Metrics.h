@@ -30,6 +30,8 @@ struct StepRecord {
   /// all-gather each count the full padded parameter array, the all-reduce
   /// the gradient norm's sum of squares. All 0 with dp = 1.
   int64_t reduceScatterBytes = 0, allGatherBytes = 0, allReduceBytes = 0;
+  /// The global gradient norm was not finite: nothing was updated.
+  bool skipped = false;
 };
 
 /// One JSON object, without a newline: the loss with %.9g (float precision),
@@ -46,7 +48,9 @@ std::string formatDuration(double seconds);
 /// A metrics file, one flushed line per step so a crash loses nothing.
 class MetricsFile {
 public:
-  /// Truncates the file, or appends to it (a resumed run) when `append`.
+  /// Starts an empty file (a new one, through OutputFile), or appends to it
+  /// (a resumed run) when `append`. Either way the path must name a regular
+  /// file or nothing: a symlink, device, FIFO or directory is refused.
   static Expected<MetricsFile> create(const std::string &path,
                                       bool append = false);
 

@@ -5,6 +5,7 @@
 #include "runtime/Plan.h"
 
 #include "runtime/Json.h"
+#include "runtime/OutputFile.h"
 
 #include <cerrno>
 #include <cstring>
@@ -64,20 +65,6 @@ bool readAt(int fd, void *buf, uint64_t size, uint64_t offset) {
     p += got;
     size -= got;
     offset += got;
-  }
-  return true;
-}
-
-bool writeAll(int fd, const void *buf, uint64_t size) {
-  const char *p = static_cast<const char *>(buf);
-  while (size > 0) {
-    ssize_t put = write(fd, p, size);
-    if (put < 0 && errno == EINTR)
-      continue;
-    if (put <= 0)
-      return false;
-    p += put;
-    size -= put;
   }
   return true;
 }
@@ -226,7 +213,8 @@ Status SafetensorsReader::readF32(const std::string &name,
 
 Status fastllm::rt::writeSafetensors(
     const std::string &path, const std::vector<TensorRef> &tensors,
-    const std::vector<std::pair<std::string, std::string>> &metadata) {
+    const std::vector<std::pair<std::string, std::string>> &metadata,
+    WrittenFile *written) {
   std::string header = "{";
   if (!metadata.empty()) {
     header += "\"__metadata__\":{";
@@ -249,38 +237,16 @@ Status fastllm::rt::writeSafetensors(
   header.append((8 - header.size() % 8) % 8, ' ');
   uint64_t headerBytes = header.size();
 
-  std::string tmp = path + ".tmp.XXXXXX";
-  int fd = mkstemp(tmp.data());
-  if (fd < 0)
-    return errorf("cannot create a temporary file beside '%s': %s",
-                  path.c_str(), std::strerror(errno));
-  auto fail = [&](bool closeFd) {
-    int err = errno;
-    if (closeFd)
-      ::close(fd);
-    unlink(tmp.c_str());
-    return errorf("cannot write '%s': %s", path.c_str(), std::strerror(err));
-  };
-  // mkstemp creates 0600; the result should look like any file we create.
-  mode_t mask = umask(0);
-  umask(mask);
-  if (fchmod(fd, 0666 & ~mask) != 0 || !writeAll(fd, &headerBytes, 8) ||
-      !writeAll(fd, header.data(), headerBytes))
-    return fail(true);
+  OutputFile file(path);
+  bool ok = file.open() && file.write(&headerBytes, 8) &&
+            file.write(header.data(), headerBytes);
   for (const TensorRef &t : tensors)
-    if (!writeAll(fd, t.data, *numElements(t.shape) * sizeof(float)))
-      return fail(true);
-  if (fsync(fd) != 0)
-    return fail(true);
-  if (::close(fd) != 0 || std::rename(tmp.c_str(), path.c_str()) != 0)
-    return fail(false);
-  // Make the rename itself durable; a folder that cannot be synced (some
-  // network filesystems) still holds a complete file.
-  std::string dir = path.substr(0, path.find_last_of('/') + 1);
-  int dirFd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dirFd >= 0) {
-    fsync(dirFd);
-    ::close(dirFd);
+    ok = ok && file.write(t.data, *numElements(t.shape) * sizeof(float));
+  if (!ok || !file.commit())
+    return Status::error(file.error());
+  if (written) {
+    written->tensors = int64_t(tensors.size());
+    written->bytes = int64_t(8 + headerBytes + offset);
   }
   return Status();
 }
@@ -307,7 +273,7 @@ Status fastllm::rt::loadParams(const std::string &path, const PlanInfo &plan,
 
 Status fastllm::rt::saveParams(const std::string &path, const PlanInfo &plan,
                                const float *flat, bool trainableOnly,
-                               const float *frozen) {
+                               const float *frozen, WrittenFile *written) {
   std::vector<TensorRef> tensors;
   for (int32_t i = 0; i < plan.numParams; ++i) {
     const ParamInfo &p = plan.params[i];
@@ -320,5 +286,5 @@ Status fastllm::rt::saveParams(const std::string &path, const PlanInfo &plan,
     tensors.push_back({p.name, std::vector<int64_t>(p.shape, p.shape + p.rank),
                        from + p.offset});
   }
-  return writeSafetensors(path, tensors, {{"format", "pt"}});
+  return writeSafetensors(path, tensors, {{"format", "pt"}}, written);
 }

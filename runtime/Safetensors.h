@@ -61,12 +61,21 @@ struct TensorRef {
   const float *data;
 };
 
-/// Writes F32 tensors to `path` through a temporary file in the same folder
-/// that is fsynced and renamed over it: readers see the old file or the
-/// complete new one, never a torn write.
+/// What a writer put in a file.
+struct WrittenFile {
+  int64_t tensors = 0;
+  int64_t bytes = 0;
+};
+
+/// Writes F32 tensors to `path` through OutputFile (runtime/OutputFile.h): a
+/// temporary file in the same folder, synced and renamed over `path`, so
+/// readers see the old file or the complete new one; a device, FIFO,
+/// directory or symlink at `path` is refused, never written through.
+/// `written`, when given, receives the tensor count and file size.
 Status writeSafetensors(
     const std::string &path, const std::vector<TensorRef> &tensors,
-    const std::vector<std::pair<std::string, std::string>> &metadata = {});
+    const std::vector<std::pair<std::string, std::string>> &metadata = {},
+    WrittenFile *written = nullptr);
 
 /// Which parameters loadParams reads.
 enum class Which { All, Frozen };
@@ -83,7 +92,8 @@ Status loadParams(const std::string &path, const PlanInfo &plan, float *params,
 /// trainableOnly, the frozen ones from `frozen`.
 Status saveParams(const std::string &path, const PlanInfo &plan,
                   const float *flat, bool trainableOnly,
-                  const float *frozen = nullptr);
+                  const float *frozen = nullptr,
+                  WrittenFile *written = nullptr);
 
 } // namespace fastllm::rt
 

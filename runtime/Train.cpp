@@ -8,8 +8,10 @@
 #include "runtime/Json.h"
 #include "runtime/Metrics.h"
 #include "runtime/Optimizer.h"
+#include "runtime/OutputFile.h"
 #include "runtime/Plan.h"
 #include "runtime/Safetensors.h"
+#include "runtime/Signals.h"
 #include "runtime/Zero.h"
 
 #include <algorithm>
@@ -30,8 +32,9 @@ using namespace fastllm::rt;
 
 namespace {
 
-/// The folder that will hold `path` must exist and be writable, checked
-/// before training so a typo does not cost a finished run its output.
+/// The folder that will hold `path` must exist and be writable, and `path`
+/// must be nothing or a regular file (OutputFile replaces nothing else),
+/// checked before training so a typo does not cost a finished run its output.
 Status checkOutputPath(const char *flag, const std::string &path) {
   if (path.empty())
     return Status();
@@ -41,13 +44,18 @@ Status checkOutputPath(const char *flag, const std::string &path) {
   if (access(dir.c_str(), W_OK) != 0)
     return errorf("--%s '%s': cannot write to folder '%s': %s", flag,
                   path.c_str(), dir.c_str(), std::strerror(errno));
+  if (std::string why = checkReplaceable(path); !why.empty())
+    return errorf("--%s: %s", flag, why.c_str());
   return Status();
 }
 
 /// Creates the --checkpoint-dir folder and its parents if needed; it must
-/// end up a writable folder. A fresh run must not start among another run's
-/// checkpoints: a later --resume would take the newest, which is not its own.
-Status prepareCheckpointDir(const std::string &dir, bool resume) {
+/// end up a writable folder. Then takes the folder's lock for the job and
+/// removes the temporaries of killed saves. A fresh run must not start among
+/// another run's complete checkpoints: a later --resume would take the
+/// newest, which is not its own; incomplete ones are ignored.
+Expected<CheckpointLock> prepareCheckpointDir(const std::string &dir,
+                                              bool resume, FILE *log) {
   for (size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
     std::string prefix = dir.substr(0, slash);
     if (mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST)
@@ -61,7 +69,18 @@ Status prepareCheckpointDir(const std::string &dir, bool resume) {
       access(dir.c_str(), W_OK) != 0)
     return errorf("--checkpoint-dir '%s' is not a writable folder",
                   dir.c_str());
-  Expected<std::vector<int64_t>> steps = listCheckpointSteps(dir);
+  Expected<CheckpointLock> lock = CheckpointLock::acquire(dir);
+  if (!lock)
+    return lock;
+  Expected<int64_t> orphans = removeOrphanTemporaries(dir);
+  if (!orphans)
+    return orphans.status();
+  if (*orphans && log)
+    std::fprintf(log,
+                 "checkpoint folder: removed %lld temporary file%s left by "
+                 "an interrupted save\n",
+                 (long long)*orphans, *orphans == 1 ? "" : "s");
+  Expected<std::vector<int64_t>> steps = listCompleteCheckpointSteps(dir);
   if (!steps)
     return steps.status();
   if (!resume && !steps->empty())
@@ -69,7 +88,21 @@ Status prepareCheckpointDir(const std::string &dir, bool resume) {
                   "newest is step %lld); pass --resume to continue from them "
                   "or choose an empty folder",
                   dir.c_str(), (long long)steps->front());
-  return Status();
+  return lock;
+}
+
+/// Values of this rank's state that are not finite, counted before a
+/// checkpoint is written.
+int64_t countNonFinite(const std::vector<Region> &state) {
+  int64_t bad = 0;
+  for (const Region &r : state) {
+    const float *x = static_cast<const float *>(r.data);
+    int64_t n = r.bytes / int64_t(sizeof(float));
+#pragma omp parallel for reduction(+ : bad)
+    for (int64_t i = 0; i < n; ++i)
+      bad += !std::isfinite(x[i]);
+  }
+  return bad;
 }
 
 /// The options a checkpointed run depends on besides its plan. A resumed run
@@ -104,6 +137,8 @@ Fingerprint runFingerprint(const Options &opts, int64_t dataTokens) {
 /// line torn by a kill), so that a resumed run appends to the history of the
 /// checkpoint it continues.
 Status truncateMetrics(const std::string &path, int64_t step) {
+  if (std::string why = checkReplaceable(path); !why.empty())
+    return Status::error("metrics file: " + why);
   std::ifstream in(path, std::ios::binary);
   if (!in)
     return Status(); // nothing yet: the resumed run starts the file
@@ -116,18 +151,12 @@ Status truncateMetrics(const std::string &path, int64_t step) {
       break;
     kept += line + "\n";
   }
-  std::string tmp = path + ".tmp";
-  FILE *out = std::fopen(tmp.c_str(), "wb");
-  bool ok = out && std::fwrite(kept.data(), 1, kept.size(), out) == kept.size();
-  ok = out && std::fclose(out) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    unlink(tmp.c_str());
-    return errorf("cannot rewrite metrics file '%s': %s", path.c_str(),
-                  std::strerror(err));
-  }
+  if (std::string why = writeFileAtomically(path, kept); !why.empty())
+    return Status::error("cannot rewrite metrics file: " + why);
   return Status();
 }
+
+using Clock = std::chrono::steady_clock;
 
 std::string planSummary(const PlanInfo &plan, const Options &opts) {
   ParamCounts counts = countParams(plan);
@@ -156,7 +185,12 @@ Status fastllm::rt::checkWorldSize(const PlanInfo &plan, int worldSize) {
 }
 
 Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
-                          const Options &opts, Communicator &comm, FILE *log) {
+                          const Options &opts, Communicator &comm, FILE *log,
+                          RunOutcome *outcome) {
+  RunOutcome ignored;
+  if (!outcome)
+    outcome = &ignored;
+  *outcome = RunOutcome();
   if (Status s = validatePlan(plan); !s.ok())
     return s;
   if (Status s = checkWorldSize(plan, comm.size()); !s.ok())
@@ -171,6 +205,12 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                                              plan.seqLen, plan.vocabSize);
   if (!data)
     return data.status();
+  // Where the run will write, before anything is loaded or computed.
+  for (Status s : {checkOutputPath("metrics", opts.metricsPath),
+                   checkOutputPath("dump-grads", opts.dumpGradsPath),
+                   checkOutputPath("save-weights", opts.saveWeightsPath)})
+    if (!s.ok())
+      return s;
 
   // Padding (between parameters and at the ends of stages) starts zero and
   // stays zero: no optimizer chunk covers it, so the master shards keep the
@@ -204,24 +244,17 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     fullOutside.assign(plan.paramElements, 0.0f);
     return fullOutside.data();
   };
-  // A resumed run takes its weights from the checkpoint instead.
-  if (!opts.resume) {
-    float *full = fullParams();
-    if (Status s = loadParams(opts.weightsPath, plan, full, frozen); !s.ok())
-      return Status::error("weights: " + s.message());
-    zero.shardParams(full);
-    std::vector<float>().swap(fullOutside);
-  }
 
-  for (Status s : {checkOutputPath("metrics", opts.metricsPath),
-                   checkOutputPath("dump-grads", opts.dumpGradsPath),
-                   checkOutputPath("save-weights", opts.saveWeightsPath)})
-    if (!s.ok())
-      return s;
-  if (opts.checkpointEvery && leader)
-    if (Status s = prepareCheckpointDir(opts.checkpointDir, opts.resume);
-        !s.ok())
-      return s;
+  // The checkpoint folder, locked by rank 0 until train() returns.
+  const bool checkpointing = !opts.checkpointDir.empty();
+  std::optional<CheckpointLock> folderLock;
+  if (checkpointing && leader) {
+    Expected<CheckpointLock> lock =
+        prepareCheckpointDir(opts.checkpointDir, opts.resume, log);
+    if (!lock)
+      return lock.status();
+    folderLock = std::move(*lock);
+  }
 
   // What a checkpoint holds: this rank's shards of the optimizer state. The
   // full params are the all-gathered master shards; grads are zeroed every
@@ -235,6 +268,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   const Fingerprint planPrint = planFingerprint(plan);
   const Fingerprint runPrint = runFingerprint(opts, data->size());
   int64_t firstStep = 0, optimizerStep = 0;
+  bool restoredState = false;
   if (opts.resume) {
     // Frozen parameters never change: they are not checkpointed but read
     // from the weights again.
@@ -247,28 +281,60 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
         loadLatestCheckpoint(comm, opts.checkpointDir, planPrint, state);
     if (!restored)
       return Status::error("--resume: " + restored.status().message());
-    const Manifest &m = restored->manifest;
-    if (m.step > opts.steps)
-      return errorf("--resume: checkpoint '%s' is at step %lld, past --steps "
-                    "%lld",
-                    restored->path.c_str(), (long long)m.step,
-                    (long long)opts.steps);
-    if (leader) {
+    restoredState = !restored->path.empty();
+    if (!restoredState && restored->damaged) {
+      // Saves finished but none reads back: the folder (or the disk) is in
+      // trouble, and starting over would overwrite the evidence.
+      std::string why;
+      for (const std::string &line : restored->skipped)
+        why += "; " + line;
+      return errorf("--resume: no checkpoint in '%s' can be loaded%s; "
+                    "refusing to start over from the initial weights (move "
+                    "the folder away to start afresh)",
+                    opts.checkpointDir.c_str(), why.c_str());
+    }
+    if (leader)
       for (const std::string &line : restored->skipped)
         std::fprintf(stderr, "train: warning: %s\n", line.c_str());
-      for (const std::string &diff : allDifferences(m.run, runPrint))
-        std::fprintf(stderr,
-                     "train: warning: resuming with other options than the "
-                     "checkpointed run (%s); the run will not repeat it\n",
-                     diff.c_str());
+    if (restoredState) {
+      const Manifest &m = restored->manifest;
+      if (m.step > opts.steps)
+        return errorf("--resume: checkpoint '%s' is at step %lld, past "
+                      "--steps %lld",
+                      restored->path.c_str(), (long long)m.step,
+                      (long long)opts.steps);
+      if (leader)
+        for (const std::string &diff : allDifferences(m.run, runPrint))
+          std::fprintf(stderr,
+                       "train: warning: resuming with other options than the "
+                       "checkpointed run (%s); the run will not repeat it\n",
+                       diff.c_str());
+      if (log)
+        std::fprintf(log, "resumed from '%s' at step %lld\n",
+                     restored->path.c_str(), (long long)m.step);
+      firstStep = m.step;
+      optimizerStep = m.optimizerStep;
+      if (params)
+        zero.gather(master, params);
+      synchronizeDevice();
+    } else {
+      // A run started with --resume from its first launch on.
+      if (log)
+        std::fprintf(log,
+                     "--resume: no complete checkpoint in '%s'; starting "
+                     "from the initial weights at step 0\n",
+                     opts.checkpointDir.c_str());
+      // A shard that failed to load may have left bytes behind.
+      deviceFill(adamM, shardElements(plan), 0.0f);
+      deviceFill(adamV, shardElements(plan), 0.0f);
     }
-    if (log)
-      std::fprintf(log, "resumed from '%s' at step %lld\n",
-                   restored->path.c_str(), (long long)m.step);
-    firstStep = m.step;
-    optimizerStep = m.optimizerStep;
-    if (params)
-      zero.gather(master, params);
+  }
+  if (!restoredState) {
+    float *full = fullParams();
+    if (Status s = loadParams(opts.weightsPath, plan, full, frozen); !s.ok())
+      return Status::error("weights: " + s.message());
+    zero.shardParams(full);
+    std::vector<float>().swap(fullOutside);
     synchronizeDevice();
   }
 
@@ -295,12 +361,64 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   const float gradScale = 1.0f / float(opts.gradAccum * dp);
   zero.setGradScale(gradScale);
 
-  using Clock = std::chrono::steady_clock;
+  // Writes step `at`'s checkpoint, refusing one that would hold a value that
+  // is not finite (every rank counts its own and all learn the counts).
+  auto checkpoint = [&](int64_t at) -> Status {
+    Clock::time_point saveStart = Clock::now();
+    int64_t bad = countNonFinite(state);
+    std::vector<int64_t> counts(dp);
+    comm.allGatherBytes(&bad, counts.data(), sizeof(int64_t));
+    std::string badRanks;
+    for (int64_t r = 0; r < dp; ++r)
+      if (counts[r])
+        badRanks += (badRanks.empty() ? "" : ", ") + std::to_string(r) + " (" +
+                    std::to_string(counts[r]) + ")";
+    if (!badRanks.empty())
+      return errorf("refusing to write the checkpoint of step %lld: the "
+                    "optimizer state holds values that are not finite (rank "
+                    "and count: %s); the newest checkpoint is an earlier one",
+                    (long long)at, badRanks.c_str());
+    Manifest m;
+    m.step = at;
+    m.optimizerStep = optimizerStep;
+    m.plan = planPrint;
+    m.run = runPrint;
+    if (Status st = saveCheckpoint(comm, opts.checkpointDir, m, state);
+        !st.ok())
+      return st;
+    if (log)
+      std::fprintf(
+          log, "checkpoint: %s/%s (%.1f MiB per rank) in %.1f s\n",
+          opts.checkpointDir.c_str(), stepFolderName(at).c_str(),
+          3.0 * shardBytes / 1048576.0,
+          std::chrono::duration<double>(Clock::now() - saveStart).count());
+    // Rank 0 wrote the manifest last: the new checkpoint is complete.
+    if (leader && opts.keepLast) {
+      Expected<std::vector<int64_t>> removed =
+          pruneCheckpoints(opts.checkpointDir, opts.keepLast);
+      if (!removed)
+        return Status::error("--keep-last: " + removed.status().message());
+      if (log && !removed->empty()) {
+        std::string list;
+        for (int64_t r : *removed)
+          list += (list.empty() ? "" : ", ") + std::to_string(r);
+        std::fprintf(log, "checkpoint: removed step%s %s (--keep-last %lld)\n",
+                     removed->size() == 1 ? "" : "s", list.c_str(),
+                     (long long)opts.keepLast);
+      }
+    }
+    return Status();
+  };
+
   double totalSeconds = 0;
   // The bytes moved per step, for the summary: the first step's, and
   // whether a later one differed.
   std::optional<StepRecord> commFirst;
   bool commVaries = false;
+  int64_t skippedInARow = 0, lastStep = firstStep;
+  int stopSignal = 0;
+  std::string stoppedRanks;
+  std::vector<double> perRank;
   for (int64_t s = firstStep; s < opts.steps; ++s) {
     Clock::time_point start = Clock::now();
     comm.setStep(s + 1);
@@ -344,16 +462,37 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
             !st.ok())
           return st;
     }
-    double sumOfSquares = deviceSumOfSquares(adamw, gradShard);
-    if (dp > 1)
-      comm.allReduceSumOrdered(&sumOfSquares, &sumOfSquares, 1);
-    double gradNorm = std::sqrt(sumOfSquares);
-    if (opts.clipGradNorm > 0)
-      deviceClipGradients(adamw, gradShard, gradNorm, opts.clipGradNorm);
+    // One all-reduce carries the gradient norm's sum of squares and each
+    // rank's stop request, so every rank decides alike on both.
+    const double mine[2] = {deviceSumOfSquares(adamw, gradShard),
+                            double(stopRequest())};
+    double sums[2] = {mine[0], mine[1]};
+    perRank.assign(mine, mine + 2);
+    if (dp > 1) { // (one rank moves nothing: the plan says 0 bytes)
+      perRank.resize(2 * dp);
+      comm.allReduceSumOrdered(mine, sums, 2, perRank.data());
+    }
+    double gradNorm = std::sqrt(sums[0]);
+    for (int64_t r = 0; r < dp; ++r)
+      if (int sig = int(perRank[2 * r + 1])) {
+        if (!stopSignal)
+          stopSignal = sig;
+        stoppedRanks += (stoppedRanks.empty() ? "" : ", ") +
+                        std::to_string(r) + " (" + stopSignalName(sig) + ")";
+      }
+    // A non-finite norm means some gradient is NaN or infinite: the update
+    // would spread it into every weight it touches. Nothing is applied.
+    const bool skipped = !std::isfinite(gradNorm);
     double lr = schedule.at(s);
-    deviceAdamWStep(adamw, master, gradShard, adamM, adamV, lr, ++optimizerStep);
-    if (params) // ZeRO-3 gathers in the next step, stage by stage
-      zero.gather(master, params);
+    if (!skipped) {
+      if (opts.clipGradNorm > 0)
+        deviceClipGradients(adamw, gradShard, gradNorm, opts.clipGradNorm);
+      deviceAdamWStep(adamw, master, gradShard, adamM, adamV, lr,
+                      ++optimizerStep);
+      if (params) // ZeRO-3 gathers in the next step, stage by stage
+        zero.gather(master, params);
+    }
+    skippedInARow = skipped ? skippedInARow + 1 : 0;
     // Host code (the next micro-batch's tokens, a checkpoint) comes next.
     synchronizeDevice();
 
@@ -371,6 +510,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     record.reduceScatterBytes = comm.bytes().reduceScatter;
     record.allGatherBytes = comm.bytes().allGather - dumpGatherBytes;
     record.allReduceBytes = comm.bytes().allReduce;
+    record.skipped = skipped;
     if (!commFirst)
       commFirst = record;
     commVaries = commVaries ||
@@ -386,23 +526,32 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       std::fprintf(log, "%s\n", logLine(record, opts.steps, eta).c_str());
       std::fflush(log);
     }
+    lastStep = s + 1;
+    if (skippedInARow >= opts.maxSkippedSteps)
+      return errorf("the global gradient norm was not finite for %lld "
+                    "consecutive steps (%lld to %lld), each skipped; stopping "
+                    "(--max-skipped-steps %lld)",
+                    (long long)skippedInARow,
+                    (long long)(s + 2 - skippedInARow), (long long)(s + 1),
+                    (long long)opts.maxSkippedSteps);
 
-    if (opts.checkpointEvery && (s + 1) % opts.checkpointEvery == 0) {
-      Clock::time_point saveStart = Clock::now();
-      Manifest m;
-      m.step = s + 1;
-      m.optimizerStep = optimizerStep;
-      m.plan = planPrint;
-      m.run = runPrint;
-      if (Status st = saveCheckpoint(comm, opts.checkpointDir, m, state);
-          !st.ok())
+    const bool last = s + 1 == opts.steps || stopSignal;
+    if (checkpointing &&
+        (last || (opts.checkpointEvery && (s + 1) % opts.checkpointEvery == 0)))
+      if (Status st = checkpoint(s + 1); !st.ok())
         return st;
-      if (log)
-        std::fprintf(
-            log, "checkpoint: %s/%s (%.1f MiB per rank) in %.1f s\n",
-            opts.checkpointDir.c_str(), stepFolderName(s + 1).c_str(),
-            3.0 * shardBytes / 1048576.0,
-            std::chrono::duration<double>(Clock::now() - saveStart).count());
+    if (stopSignal) {
+      if (log) {
+        std::fprintf(log,
+                     "stopped after step %lld of %lld: stop requested on "
+                     "rank%s %s%s\n",
+                     (long long)(s + 1), (long long)opts.steps,
+                     stoppedRanks.find(',') == std::string::npos ? "" : "s",
+                     stoppedRanks.c_str(),
+                     checkpointing ? "; rerun with --resume to continue" : "");
+        std::fflush(log);
+      }
+      break;
     }
   }
 
@@ -413,13 +562,18 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       zero.gatherToHost(master, full);
     }
     synchronizeDevice();
+    WrittenFile written;
     if (leader)
       if (Status s = saveParams(opts.saveWeightsPath, plan, full,
-                                /*trainableOnly=*/false, frozen);
+                                /*trainableOnly=*/false, frozen, &written);
           !s.ok())
         return s;
+    if (log)
+      std::fprintf(log, "saved weights: '%s' (%lld tensors, %lld bytes)\n",
+                   opts.saveWeightsPath.c_str(), (long long)written.tensors,
+                   (long long)written.bytes);
   }
-  int64_t ran = opts.steps - firstStep;
+  int64_t ran = lastStep - firstStep;
   if (log && ran == 0)
     std::fprintf(log, "done: the checkpoint is at the last step, %lld\n",
                  (long long)opts.steps);
@@ -440,7 +594,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     std::fprintf(log,
                  "communication per step%s: reduce-scatter %lld bytes (plan "
                  "%lld), all-gather %lld bytes (plan %lld), all-reduce %lld "
-                 "bytes (the gradient norm)\n",
+                 "bytes (the gradient norm and the stop flag)\n",
                  commVaries ? " (first step; later steps differ)" : "",
                  (long long)commFirst->reduceScatterBytes, reduce,
                  (long long)commFirst->allGatherBytes, gather,
@@ -451,5 +605,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   // so that a rank leaving on an error never hangs there).
   synchronizeDevice();
   comm.barrier();
+  outcome->stopSignal = stopSignal;
+  outcome->lastStep = lastStep;
   return Status();
 }

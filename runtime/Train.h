@@ -29,6 +29,14 @@ namespace fastllm::rt {
 /// `comm` (ZeRO-2/3), returning the micro-batch loss.
 using StepFunction = float (*)(char *arena, const Collectives *comm);
 
+/// How a run that returned success ended.
+struct RunOutcome {
+  /// 0 when every step ran; else the signal (runtime/Signals.h) that stopped
+  /// the run early, after a complete step (and its checkpoint).
+  int stopSignal = 0;
+  int64_t lastStep = 0; ///< the last step completed
+};
+
 /// The job must run as many ranks as the model was compiled for (--dp).
 Status checkWorldSize(const PlanInfo &plan, int worldSize);
 
@@ -48,8 +56,15 @@ Status checkWorldSize(const PlanInfo &plan, int worldSize);
 /// sample), the schedule reads the step, the gradients are zeroed every
 /// step). The metrics file keeps its lines up to the checkpoint's step and
 /// the resumed run appends to it.
+///
+/// A step whose global gradient norm is not finite is skipped (nothing is
+/// updated) and marked in the metrics; opts.maxSkippedSteps in a row end the
+/// run with an error. A stop request (runtime/Signals.h) on any rank is
+/// exchanged with the gradient norm, so every rank stops after the same
+/// step, checkpoints it when opts.checkpointDir is set, and returns success
+/// with `outcome->stopSignal` set.
 Status train(const PlanInfo &plan, StepFunction step, const Options &opts,
-             Communicator &comm, FILE *log);
+             Communicator &comm, FILE *log, RunOutcome *outcome = nullptr);
 
 } // namespace fastllm::rt
 

@@ -9,6 +9,10 @@
 // rank's alone while its peers wait in a collective, so with several ranks
 // it aborts the whole job, naming the rank.
 //
+// Exit status: 0 when every step ran; 1 on an error; 128 + N when signal N
+// (SIGTERM, SIGINT, SIGUSR1) stopped the run after a complete step, on every
+// rank alike (runtime/Signals.h, docs/TRAINING_RUNS.md).
+//
 //===----------------------------------------------------------------------===//
 
 #include "runtime/Comm.h"
@@ -16,6 +20,7 @@
 #include "runtime/Flags.h"
 #include "runtime/ModelABI.h"
 #include "runtime/Plan.h"
+#include "runtime/Signals.h"
 #include "runtime/Train.h"
 
 #include <cstdio>
@@ -50,11 +55,16 @@ int main(int argc, char **argv) {
       std::fprintf(stderr, "train: error: %s\n", s.message().c_str());
     return 1;
   }
-  if (Status s = train(plan, fastllm_step, *opts, **comm, stdout); !s.ok()) {
+  // Before any step: a stop requested during loading stops after step 1.
+  installStopHandlers();
+  RunOutcome outcome;
+  if (Status s = train(plan, fastllm_step, *opts, **comm, stdout, &outcome);
+      !s.ok()) {
     if ((*comm)->size() > 1)
       (*comm)->abort(s.message());
     std::fprintf(stderr, "train: error: %s\n", s.message().c_str());
     return 1;
   }
-  return 0;
+  std::fflush(stdout);
+  return outcome.stopSignal ? 128 + outcome.stopSignal : 0;
 }

@@ -231,19 +231,20 @@ void testResume(Communicator &comm) {
   full.metricsPath = dir + "/full.jsonl";
   CHECK_OK(train(plan, fastllm_step, full, comm, nullptr));
 
-  // Killed after step 7, then the last rank's newest shard (step 6) damaged.
+  // Stopped after step 7 (checkpointed: the last step), then the last rank's
+  // newest shard (step 7) damaged.
   Options killed = opts;
   killed.steps = 7;
   killed.checkpointDir = dir + "/killed";
   killed.metricsPath = dir + "/killed.jsonl";
   CHECK_OK(train(plan, fastllm_step, killed, comm, nullptr));
   comm.barrier();
-  std::string shard = killed.checkpointDir + "/" + stepFolderName(6) + "/" +
+  std::string shard = killed.checkpointDir + "/" + stepFolderName(7) + "/" +
                       shardFileName(comm.size() - 1);
   if (comm.rank() == comm.size() - 1)
     std::ofstream(shard, std::ios::binary | std::ios::in) << "damage";
 
-  // Every rank must fall back to step 4 together.
+  // Every rank must fall back to step 6 together.
   Options resumed = killed;
   resumed.steps = 8;
   resumed.resume = true;
@@ -381,10 +382,10 @@ void testZero(Communicator &comm) {
       CHECK(number(a[i], "lr") == number(b[i], "lr"));
       // ZeRO-1: the full padded array through each of reduce-scatter and
       // all-gather (the gradient dump's gather is not counted), one double
-      // for the norm; nothing with one rank.
+      // for the norm and one for the stop flag; nothing with one rank.
       CHECK(number(a[i], "reduce_scatter_bytes") == (p > 1 ? predicted : 0));
       CHECK(number(a[i], "all_gather_bytes") == (p > 1 ? predicted : 0));
-      CHECK(number(a[i], "all_reduce_bytes") == (p > 1 ? 8 : 0));
+      CHECK(number(a[i], "all_reduce_bytes") == (p > 1 ? 16 : 0));
       for (const char *key :
            {"reduce_scatter_bytes", "all_gather_bytes", "all_reduce_bytes"})
         CHECK(number(b[i], key) == 0);

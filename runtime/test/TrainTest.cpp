@@ -393,16 +393,17 @@ TEST_F(TrainTest, ResumedRunRepeatsTheUninterruptedOneBitForBit) {
     EXPECT_TRUE(std::filesystem::exists(
         full.checkpointDir + "/" + stepFolderName(step) + "/manifest.json"));
 
-  // Killed during step 13: checkpoints 5 and 10, metrics through step 12 and
-  // a torn line.
+  // Killed during step 13 while the checkpoint of step 12 (the last step of
+  // that run) was being written: checkpoints 5 and 10, an incomplete 12,
+  // metrics through step 12 and a torn line.
   Options killed = opts;
   killed.steps = 12;
   killed.checkpointDir = dir.file("killed");
   killed.metricsPath = dir.file("killed.jsonl");
   s = train(plan(), fastllm_step, killed, testComm(), nullptr);
   ASSERT_TRUE(s.ok()) << s.message();
-  EXPECT_FALSE(
-      std::filesystem::exists(killed.checkpointDir + "/" + stepFolderName(12)));
+  std::string twelve = killed.checkpointDir + "/" + stepFolderName(12);
+  ASSERT_TRUE(std::filesystem::remove(twelve + "/manifest.json"));
   std::ofstream(killed.metricsPath, std::ios::app) << "{\"step\": 13, \"lo";
 
   Options resumed = killed;
@@ -440,23 +441,30 @@ TEST_F(TrainTest, ResumeNeedsACompleteCheckpointOfTheSamePlan) {
   Options opts = options(4, 0.01);
   opts.checkpointDir = dir.file("ckpt");
   opts.resume = true;
+  opts.metricsPath = dir.file("resumed.jsonl");
+  // No folder yet: --resume starts from the initial weights, like a fresh
+  // run, and checkpoints the last step.
   Status s = train(plan(), fastllm_step, opts, testComm(), nullptr);
-  EXPECT_EQ(s.message(), "--resume: cannot read checkpoint folder '" +
-                             opts.checkpointDir +
-                             "': No such file or directory");
-
-  std::filesystem::create_directory(opts.checkpointDir);
-  s = train(plan(), fastllm_step, opts, testComm(), nullptr);
-  EXPECT_EQ(s.message(), "--resume: no complete checkpoint in '" +
-                             opts.checkpointDir + "' to resume from");
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(std::filesystem::exists(opts.checkpointDir + "/" +
+                                      stepFolderName(4) + "/manifest.json"));
 
   Options first = opts;
   first.resume = false;
   first.checkpointEvery = 2;
+  first.checkpointDir = dir.file("ckpt2");
+  first.metricsPath = dir.file("fresh.jsonl");
   ASSERT_TRUE(train(plan(), fastllm_step, first, testComm(), nullptr).ok());
+  // The same losses: --resume without a checkpoint is a fresh start.
+  std::vector<JsonValue> a = readMetrics(opts.metricsPath),
+                         b = readMetrics(first.metricsPath);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(a[i].get("loss")->text, b[i].get("loss")->text);
   // Starting afresh among them would leave a later --resume another run's.
   s = train(plan(), fastllm_step, first, testComm(), nullptr);
-  EXPECT_EQ(s.message(), "--checkpoint-dir '" + opts.checkpointDir +
+  EXPECT_EQ(s.message(), "--checkpoint-dir '" + first.checkpointDir +
                              "' already holds checkpoints (the newest is "
                              "step 4); pass --resume to continue from them or "
                              "choose an empty folder");

@@ -1,0 +1,140 @@
+//===- OutputFile.cpp - files written whole or not at all -----------------===//
+
+#include "runtime/OutputFile.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+using namespace fastllm::rt;
+
+std::string fastllm::rt::checkReplaceable(const std::string &path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT)
+      return "";
+    return "cannot inspect '" + path + "': " + std::strerror(errno);
+  }
+  const char *what = S_ISREG(st.st_mode)    ? nullptr
+                     : S_ISLNK(st.st_mode)  ? "a symbolic link"
+                     : S_ISDIR(st.st_mode)  ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                     : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)
+                         ? "a device"
+                         : "not a regular file";
+  if (!what)
+    return "";
+  return "'" + path + "' is " + what +
+         "; refusing to replace it (write to a regular file or a new path)";
+}
+
+std::string fastllm::rt::folderOf(const std::string &path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos)
+    return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+void fastllm::rt::syncFolder(const std::string &folder) {
+  int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+OutputFile::OutputFile(std::string path) : target(std::move(path)) {}
+
+OutputFile::~OutputFile() {
+  if (fd >= 0)
+    ::close(fd);
+  if (!tmp.empty() && !keepTemporary)
+    ::unlink(tmp.c_str());
+}
+
+bool OutputFile::fail(const std::string &what, int err) {
+  message = what + (err ? std::string(": ") + std::strerror(err) : "");
+  return false;
+}
+
+bool OutputFile::open() {
+  if (target.empty())
+    return fail("empty output path", 0);
+  if (std::string why = checkReplaceable(target); !why.empty())
+    return fail(why, 0);
+  tmp = target + kTemporarySuffix + "XXXXXX";
+  fd = ::mkstemp(tmp.data());
+  if (fd < 0) {
+    int err = errno;
+    tmp.clear();
+    return fail("cannot create a temporary file beside '" + target + "'", err);
+  }
+  // mkstemp creates 0600; the result should look like any file we create.
+  mode_t mask = ::umask(0);
+  ::umask(mask);
+  if (::fchmod(fd, 0666 & ~mask) != 0)
+    return fail("cannot write '" + target + "'", errno);
+  return true;
+}
+
+bool OutputFile::write(const void *data, size_t bytes) {
+  if (fd < 0)
+    return fail("cannot write '" + target + "': not open", 0);
+  for (const char *p = static_cast<const char *>(data); bytes > 0;) {
+    ssize_t n = ::write(fd, p, std::min<size_t>(bytes, size_t(1) << 30));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return fail("cannot write '" + target + "'", n < 0 ? errno : ENOSPC);
+    p += n;
+    bytes -= size_t(n);
+  }
+  return true;
+}
+
+bool OutputFile::finishWithoutRename() {
+  if (fd < 0)
+    return fail("cannot write '" + target + "': not open", 0);
+  int err = ::fsync(fd) == 0 ? 0 : errno;
+  if (::close(fd) != 0 && !err)
+    err = errno;
+  fd = -1;
+  if (err)
+    return fail("cannot write '" + target + "'", err);
+  keepTemporary = true;
+  return true;
+}
+
+bool OutputFile::commit() {
+  if (!finishWithoutRename())
+    return false;
+  keepTemporary = false;
+  if (std::string why = renameInto(tmp, target); !why.empty())
+    return fail(why, 0);
+  tmp.clear(); // renamed: nothing left to remove
+  return true;
+}
+
+std::string fastllm::rt::renameInto(const std::string &from,
+                                    const std::string &to) {
+  if (std::string why = checkReplaceable(to); !why.empty())
+    return why;
+  if (std::rename(from.c_str(), to.c_str()) != 0)
+    return "cannot write '" + to + "': " + std::strerror(errno);
+  syncFolder(folderOf(to));
+  return "";
+}
+
+std::string fastllm::rt::writeFileAtomically(const std::string &path,
+                                             const void *data, size_t bytes) {
+  OutputFile file(path);
+  if (!file.open() || !file.write(data, bytes) || !file.commit())
+    return file.error();
+  return "";
+}

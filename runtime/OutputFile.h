@@ -1,0 +1,90 @@
+//===- OutputFile.h - files written whole or not at all ---------*- C++ -*-===//
+//
+// Every file the compiler and the training binary write goes through
+// OutputFile: the bytes go to a temporary file created exclusively in the
+// target's folder, are synced, and the temporary is renamed over the target
+// only when complete. A rename replaces a directory entry; it never writes
+// through a symlink or into a device, so the only check needed is on what the
+// entry is now: nothing or a regular file may be replaced, anything else (a
+// device node, a FIFO, a socket, a directory, a symlink) is refused with a
+// message before a byte is written. A failed or abandoned write leaves the
+// target as it was and removes its temporary.
+//
+// Plain C++17 and POSIX: linked by the runtime and by fastllm-opt alike.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_RUNTIME_OUTPUTFILE_H
+#define FASTLLM_RUNTIME_OUTPUTFILE_H
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace fastllm::rt {
+
+/// Why `path` may not be replaced by a new file, or "" when it may: it does
+/// not exist or is a regular file (not a symlink to one).
+std::string checkReplaceable(const std::string &path);
+
+/// Suffix of the temporaries OutputFile creates: `<target>.tmp-XXXXXX`.
+/// Cleanup code recognises orphans (left by a killed process) by it.
+constexpr const char *kTemporarySuffix = ".tmp-";
+
+class OutputFile {
+public:
+  explicit OutputFile(std::string path);
+  OutputFile(const OutputFile &) = delete;
+  OutputFile &operator=(const OutputFile &) = delete;
+  /// Removes the temporary unless commit() succeeded.
+  ~OutputFile();
+
+  /// Checks the target and creates the temporary. Returns false and sets
+  /// error() on failure.
+  bool open();
+  /// Appends bytes; false (and error()) on failure.
+  bool write(const void *data, size_t bytes);
+  bool write(const std::string &text) { return write(text.data(), text.size()); }
+  /// Syncs the temporary, checks the target again and renames over it, then
+  /// syncs the folder. Returns false (and error()) on failure; the target is
+  /// then untouched.
+  bool commit();
+  /// Like commit() but leaves the complete temporary in place for a caller
+  /// that renames several files together (see renameInto()); temporaryPath()
+  /// names it and the destructor no longer removes it.
+  bool finishWithoutRename();
+
+  const std::string &path() const { return target; }
+  const std::string &temporaryPath() const { return tmp; }
+  const std::string &error() const { return message; }
+
+private:
+  bool fail(const std::string &what, int err);
+
+  std::string target, tmp, message;
+  int fd = -1;
+  bool keepTemporary = false;
+};
+
+/// Writes `data` to `path` through an OutputFile. Returns "" or the error.
+std::string writeFileAtomically(const std::string &path, const void *data,
+                                size_t bytes);
+inline std::string writeFileAtomically(const std::string &path,
+                                       const std::string &text) {
+  return writeFileAtomically(path, text.data(), text.size());
+}
+
+/// Renames the complete file `from` over `to` after checking that `to` may be
+/// replaced, and syncs `to`'s folder. Returns "" or the error.
+std::string renameInto(const std::string &from, const std::string &to);
+
+/// Makes renames and new entries in `folder` durable. A folder that cannot be
+/// synced (some network filesystems) still holds complete files.
+void syncFolder(const std::string &folder);
+
+/// The folder part of `path` ("." when it has none).
+std::string folderOf(const std::string &path);
+
+} // namespace fastllm::rt
+
+#endif // FASTLLM_RUNTIME_OUTPUTFILE_H

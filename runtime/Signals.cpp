@@ -1,0 +1,53 @@
+//===- Signals.cpp - stopping a training run on request -------------------===//
+
+#include "runtime/Signals.h"
+
+#include <csignal>
+#include <cstdio>
+#include <initializer_list>
+
+using namespace fastllm::rt;
+
+namespace {
+
+volatile std::sig_atomic_t received = 0;
+
+extern "C" void onStopSignal(int signal) {
+  if (!received)
+    received = signal;
+}
+
+} // namespace
+
+void fastllm::rt::installStopHandlers() {
+  for (int signal : {SIGTERM, SIGINT, SIGUSR1}) {
+    struct sigaction action = {};
+    action.sa_handler = onStopSignal;
+    sigemptyset(&action.sa_mask);
+    // SA_RESETHAND: the second signal of a kind takes the default action
+    // (ends the process), for a user who does not want to wait for the step.
+    // SA_RESTART: reads, writes and waits carry on after the handler.
+    action.sa_flags = SA_RESETHAND | SA_RESTART;
+    sigaction(signal, &action, nullptr);
+  }
+}
+
+int fastllm::rt::stopRequest() { return received; }
+
+void fastllm::rt::requestStop(int signal) { received = signal; }
+
+void fastllm::rt::clearStopRequest() { received = 0; }
+
+const char *fastllm::rt::stopSignalName(int signal) {
+  switch (signal) {
+  case SIGTERM:
+    return "SIGTERM";
+  case SIGINT:
+    return "SIGINT";
+  case SIGUSR1:
+    return "SIGUSR1";
+  }
+  static char buf[32];
+  std::snprintf(buf, sizeof(buf), "signal %d", signal);
+  return buf;
+}

@@ -1,0 +1,33 @@
+//===- Signals.h - stopping a training run on request -----------*- C++ -*-===//
+//
+// SIGTERM, SIGINT and SIGUSR1 ask a run to stop: the handler only records
+// the signal (async-signal-safe), and the training loop, which exchanges the
+// record among ranks with each step's gradient-norm all-reduce, finishes the
+// step on every rank, writes a checkpoint when --checkpoint-dir is set and
+// returns; main() then exits with 128 + the signal's number. A second
+// signal of the same kind ends the process at once (the default action).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_RUNTIME_SIGNALS_H
+#define FASTLLM_RUNTIME_SIGNALS_H
+
+namespace fastllm::rt {
+
+/// Installs the handlers for SIGTERM, SIGINT and SIGUSR1 (main() does; a
+/// library caller such as a test may not want them).
+void installStopHandlers();
+
+/// The first stop signal received since the last clearStopRequest(), or 0.
+int stopRequest();
+
+/// Records `signal` as if it had been received (tests), or clears it.
+void requestStop(int signal);
+void clearStopRequest();
+
+/// "SIGTERM", "SIGINT", "SIGUSR1", or "signal N".
+const char *stopSignalName(int signal);
+
+} // namespace fastllm::rt
+
+#endif // FASTLLM_RUNTIME_SIGNALS_H
