@@ -3,6 +3,7 @@
 #include "FakeModel.h"
 
 #include <cmath>
+#include <csignal>
 #include <initializer_list>
 #include <utility>
 
@@ -19,6 +20,9 @@ ParamInfo params[] = {
 StageInfo stages[2];
 PlanInfo plan;
 int64_t paddingViolations = 0;
+std::vector<int64_t> nanCalls;
+int64_t calls = 0, signalCall = -1;
+int signalToRaise = 0;
 
 int64_t alignUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -93,6 +97,14 @@ int64_t fake::takePaddingViolations() {
   return n;
 }
 
+void fake::scheduleFaults(std::vector<int64_t> nanGradient, int64_t signalAt,
+                          int signal) {
+  nanCalls = std::move(nanGradient);
+  calls = 0;
+  signalCall = signalAt;
+  signalToRaise = signal;
+}
+
 extern "C" const PlanInfo *fastllm_plan() { return &plan; }
 
 extern "C" float fastllm_step(char *arena, const Collectives *) {
@@ -115,6 +127,15 @@ extern "C" float fastllm_step(char *arena, const Collectives *) {
       g[j] = NAN;
     }
   paddingViolations += !clean;
+
+  const int64_t call = calls++;
+  if (call == signalCall)
+    std::raise(signalToRaise);
+  bool poisoned = false;
+  for (int64_t c : nanCalls)
+    poisoned = poisoned || c == call;
+  if (poisoned)
+    g[bias] += NAN;
 
   int64_t n = plan.batchSize * plan.seqLen;
   double loss = 0;

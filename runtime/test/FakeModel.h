@@ -29,6 +29,7 @@
 #include "runtime/ModelABI.h"
 
 #include <cstdint>
+#include <vector>
 
 namespace fake {
 
@@ -50,6 +51,12 @@ void setShape(int64_t batch, int64_t seq, int64_t dp = 1);
 
 /// Steps since the last call that found a nonzero padding element in params.
 int64_t takePaddingViolations();
+
+/// From now on, counting fastllm_step calls from 0: the calls listed in
+/// `nanGradient` add NaN to bias's gradient (the loss stays finite), and
+/// call `signalAt` raises `signal` (0: none) before computing.
+void scheduleFaults(std::vector<int64_t> nanGradient, int64_t signalAt = -1,
+                    int signal = 0);
 
 } // namespace fake
 

@@ -14,18 +14,25 @@
 
 #include "runtime/Checkpoint.h"
 #include "runtime/Json.h"
+#include "runtime/Metrics.h"
 #include "runtime/Plan.h"
 #include "runtime/Safetensors.h"
+#include "runtime/Signals.h"
 #include "runtime/Train.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
+#include <csignal>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <vector>
 
 using namespace fastllm::rt;
@@ -96,6 +103,14 @@ protected:
     std::vector<JsonValue> lines;
     std::istringstream in(readBytes(path));
     for (std::string line; std::getline(in, line);) {
+      // NaN and Infinity (Python's json reads them) as strings, which
+      // number() converts.
+      for (const char *word : {"-Infinity", "Infinity", "NaN"})
+        for (size_t at = 0; (at = line.find(std::string(": ") + word, at)) !=
+                            std::string::npos;
+             at += 4)
+          line.replace(at, 2 + std::strlen(word),
+                       std::string(": \"") + word + "\"");
       Expected<JsonValue> v = parseJson(line);
       EXPECT_TRUE(v.ok()) << line;
       if (v.ok())
@@ -619,6 +634,324 @@ TEST_F(TrainTest, PaddingStaysZeroAndNothingIsCommunicatedOnOneRank) {
          {"reduce_scatter_bytes", "all_gather_bytes", "all_reduce_bytes"})
       EXPECT_EQ(number(line, key), 0) << key;
   }
+}
+
+/// The state a checkpoint shard holds (master, m, v), without its header.
+std::string shardState(const std::string &dir, int64_t step) {
+  std::string bytes = readBytes(dir + "/" + stepFolderName(step) + "/" +
+                                shardFileName(0));
+  if (bytes.size() < 16)
+    return "";
+  uint64_t header;
+  std::memcpy(&header, bytes.data() + 8, 8);
+  return bytes.substr(16 + header);
+}
+
+int64_t manifestOptimizerStep(const std::string &dir, int64_t step) {
+  Expected<Manifest> m = parseManifest(
+      readBytes(dir + "/" + stepFolderName(step) + "/manifest.json"));
+  EXPECT_TRUE(m.ok());
+  return m.ok() ? m->optimizerStep : -1;
+}
+
+TEST_F(TrainTest, ANonFiniteGradientNormSkipsTheUpdate) {
+  writeTokens(dir.file("tokens.u16"), randomTokens(300, 40));
+  writeWeights(dir.file("init.safetensors"), 41);
+  Options opts = options(2, 0.05);
+  opts.clipGradNorm = 1; // clipping must not turn NaN into an update either
+  opts.checkpointEvery = 1;
+
+  // Two clean steps: the reference state.
+  Options two = opts;
+  two.checkpointDir = dir.file("two");
+  two.saveWeightsPath = dir.file("two.safetensors");
+  ASSERT_TRUE(train(plan(), fastllm_step, two, testComm(), nullptr).ok());
+
+  // The same two steps, then a third whose gradient is NaN (the loss is
+  // finite): nothing may change.
+  Options three = opts;
+  three.steps = 3;
+  three.checkpointDir = dir.file("three");
+  three.saveWeightsPath = dir.file("three.safetensors");
+  three.metricsPath = dir.file("three.jsonl");
+  scheduleFaults({2});
+  Status s = train(plan(), fastllm_step, three, testComm(), nullptr);
+  scheduleFaults({});
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(readBytes(three.saveWeightsPath), readBytes(two.saveWeightsPath));
+  // Master weights, m and v, and AdamW's step count.
+  EXPECT_EQ(shardState(three.checkpointDir, 3), shardState(two.checkpointDir, 2));
+  EXPECT_FALSE(shardState(two.checkpointDir, 2).empty());
+  EXPECT_EQ(manifestOptimizerStep(three.checkpointDir, 3), 2);
+  std::vector<JsonValue> lines = readMetrics(three.metricsPath);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1].get("skipped")->kind, JsonValue::Kind::Bool);
+  EXPECT_FALSE(lines[1].get("skipped")->boolean);
+  EXPECT_TRUE(lines[2].get("skipped")->boolean);
+  EXPECT_TRUE(std::isnan(number(lines[2], "grad_norm")));
+  EXPECT_TRUE(std::isfinite(number(lines[2], "loss")));
+
+  // A skip is not a reset: after it, training goes on from the same state
+  // with AdamW's next step count (3 updates in 4 steps).
+  Options four = three;
+  four.steps = 4;
+  four.checkpointDir = dir.file("four");
+  four.saveWeightsPath = dir.file("four.safetensors");
+  scheduleFaults({2});
+  s = train(plan(), fastllm_step, four, testComm(), nullptr);
+  scheduleFaults({});
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(manifestOptimizerStep(four.checkpointDir, 4), 3);
+  EXPECT_NE(readBytes(four.saveWeightsPath), readBytes(two.saveWeightsPath));
+}
+
+TEST_F(TrainTest, TooManySkippedStepsInARowEndTheRun) {
+  writeTokens(dir.file("tokens.u16"), randomTokens(300, 42));
+  writeWeights(dir.file("init.safetensors"), 43);
+  Options opts = options(10, 0.05);
+  opts.metricsPath = dir.file("metrics.jsonl");
+  // Steps 2, 3 skipped, 4 applied, then 5, 6, 7 skipped: three in a row.
+  opts.maxSkippedSteps = 3;
+  scheduleFaults({1, 2, 4, 5, 6, 7, 8, 9});
+  Status s = train(plan(), fastllm_step, opts, testComm(), nullptr);
+  scheduleFaults({});
+  EXPECT_EQ(s.message(),
+            "the global gradient norm was not finite for 3 consecutive steps "
+            "(5 to 7), each skipped; stopping (--max-skipped-steps 3)");
+  std::vector<JsonValue> lines = readMetrics(opts.metricsPath);
+  ASSERT_EQ(lines.size(), 7u);
+  std::string pattern;
+  for (const JsonValue &line : lines)
+    pattern += line.get("skipped")->boolean ? "S" : ".";
+  EXPECT_EQ(pattern, ".SS.SSS");
+
+  // The default is 5.
+  Options byDefault = options(10, 0.05);
+  scheduleFaults({0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  s = train(plan(), fastllm_step, byDefault, testComm(), nullptr);
+  scheduleFaults({});
+  EXPECT_NE(s.message().find("for 5 consecutive steps (1 to 5)"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST_F(TrainTest, NoCheckpointHoldsANonFiniteValue) {
+  // A NaN trainable weight: the loss is NaN (allowed here) and so is every
+  // gradient, so every update is skipped, and the master weights still hold
+  // the NaN when the checkpoint is due.
+  std::vector<float> flat = writeWeights(dir.file("init.safetensors"), 44);
+  flat[kEmbedOffset + 3] = NAN;
+  ASSERT_TRUE(
+      saveParams(dir.file("nan.safetensors"), plan(), flat.data(), false).ok());
+  writeTokens(dir.file("tokens.u16"), randomTokens(300, 45));
+  Options opts = options(3, 0.05);
+  opts.weightsPath = dir.file("nan.safetensors");
+  opts.allowNonfinite = true;
+  opts.checkpointDir = dir.file("ckpt");
+  opts.checkpointEvery = 1;
+  Status s = train(plan(), fastllm_step, opts, testComm(), nullptr);
+  EXPECT_EQ(s.message(),
+            "refusing to write the checkpoint of step 1: the optimizer state "
+            "holds values that are not finite (rank and count: 0 (1)); the "
+            "newest checkpoint is an earlier one");
+  Expected<std::vector<int64_t>> steps = listCheckpointSteps(opts.checkpointDir);
+  ASSERT_TRUE(steps.ok());
+  EXPECT_TRUE(steps->empty());
+}
+
+TEST_F(TrainTest, AStopSignalEndsTheStepCheckpointsAndResumesExactly) {
+  writeTokens(dir.file("tokens.u16"), randomTokens(400, 46));
+  writeWeights(dir.file("init.safetensors"), 47);
+  Options opts = options(8, 0.05);
+  opts.sampler = SamplerKind::Random;
+  opts.seed = 3;
+  opts.gradAccum = 2;
+  opts.checkpointEvery = 5;
+
+  Options full = opts;
+  full.checkpointDir = dir.file("full");
+  full.metricsPath = dir.file("full.jsonl");
+  ASSERT_TRUE(train(plan(), fastllm_step, full, testComm(), nullptr).ok());
+
+  // SIGTERM arrives during step 3's second micro-batch (call 5), through
+  // the real handler: the step finishes, is checkpointed although 3 is not
+  // a multiple of 5, and the run returns with the signal.
+  installStopHandlers();
+  Options cut = opts;
+  cut.checkpointDir = dir.file("cut");
+  cut.metricsPath = dir.file("cut.jsonl");
+  RunOutcome outcome;
+  scheduleFaults({}, 5, SIGTERM);
+  Status s = train(plan(), fastllm_step, cut, testComm(), nullptr, &outcome);
+  scheduleFaults({});
+  int signal = stopRequest();
+  clearStopRequest();
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGUSR1, SIG_DFL);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(signal, SIGTERM);
+  EXPECT_EQ(outcome.stopSignal, SIGTERM);
+  EXPECT_EQ(outcome.lastStep, 3);
+  EXPECT_EQ(readMetrics(cut.metricsPath).size(), 3u);
+  Expected<std::vector<int64_t>> steps =
+      listCompleteCheckpointSteps(cut.checkpointDir);
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(*steps, std::vector<int64_t>{3});
+
+  Options resumed = cut;
+  resumed.resume = true;
+  s = train(plan(), fastllm_step, resumed, testComm(), nullptr, &outcome);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(outcome.stopSignal, 0);
+  std::vector<JsonValue> a = readMetrics(full.metricsPath),
+                         b = readMetrics(resumed.metricsPath);
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const char *key : {"loss", "grad_norm", "lr"})
+      EXPECT_EQ(b[i].get(key)->text, a[i].get(key)->text)
+          << key << " at step " << i + 1;
+  EXPECT_EQ(shardState(cut.checkpointDir, 8), shardState(full.checkpointDir, 8));
+
+  // A stop requested before the first step stops after it.
+  requestStop(SIGUSR1);
+  Options early = opts;
+  early.checkpointDir = dir.file("early");
+  s = train(plan(), fastllm_step, early, testComm(), nullptr, &outcome);
+  clearStopRequest();
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(outcome.stopSignal, SIGUSR1);
+  EXPECT_EQ(outcome.lastStep, 1);
+}
+
+TEST_F(TrainTest, KeepLastRemovesOlderCheckpointsOnceANewerIsComplete) {
+  writeTokens(dir.file("tokens.u16"), randomTokens(300, 48));
+  writeWeights(dir.file("init.safetensors"), 49);
+  Options opts = options(7, 0.05);
+  opts.checkpointDir = dir.file("ckpt");
+  opts.checkpointEvery = 2;
+  opts.keepLast = 2;
+  // Left by an earlier, killed run: an incomplete step (no manifest), an
+  // orphan temporary in it and one at the top, and a file not ours.
+  std::filesystem::create_directories(opts.checkpointDir + "/" +
+                                      stepFolderName(1));
+  writeBytes(opts.checkpointDir + "/" + stepFolderName(1) +
+                 "/rank-00000.bin.tmp-a1B2c3",
+             "torn");
+  writeBytes(opts.checkpointDir + "/manifest.json.tmp-XyZ123", "torn");
+  writeBytes(opts.checkpointDir + "/notes.txt", "mine");
+  // A fresh run among incomplete checkpoints only is not refused.
+  Status s = train(plan(), fastllm_step, opts, testComm(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<std::string> names;
+  for (const auto &e : std::filesystem::directory_iterator(opts.checkpointDir))
+    names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  // 2, 4, 6 and the last step, 7: the two newest kept; step 1 went with the
+  // older ones.
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"notes.txt", stepFolderName(6),
+                                      stepFolderName(7), "train.lock",
+                                      "train.lock.owner"}));
+  EXPECT_EQ(readBytes(opts.checkpointDir + "/notes.txt"), "mine");
+}
+
+TEST_F(TrainTest, ASecondJobCannotUseTheSameCheckpointFolder) {
+  writeTokens(dir.file("tokens.u16"), randomTokens(300, 50));
+  writeWeights(dir.file("init.safetensors"), 51);
+  Options opts = options(2, 0.05);
+  opts.checkpointDir = dir.file("ckpt");
+  opts.checkpointEvery = 1;
+  opts.metricsPath = dir.file("metrics.jsonl");
+  std::filesystem::create_directory(opts.checkpointDir);
+  {
+    Expected<CheckpointLock> other = CheckpointLock::acquire(opts.checkpointDir);
+    ASSERT_TRUE(other.ok()) << other.status().message();
+    Status s = train(plan(), fastllm_step, opts, testComm(), nullptr);
+    EXPECT_EQ(s.message(),
+              "--checkpoint-dir '" + opts.checkpointDir +
+                  "' is in use by another training job (pid " +
+                  std::to_string(getpid()) + " on " + [] {
+                    char host[256] = {};
+                    gethostname(host, sizeof(host) - 1);
+                    return std::string(host);
+                  }() + ") (it holds '" + opts.checkpointDir +
+                  "/train.lock'); wait for it to end or use another folder");
+    EXPECT_FALSE(std::filesystem::exists(opts.metricsPath));
+  }
+  // Released: the folder is free again, and train() releases it too.
+  ASSERT_TRUE(train(plan(), fastllm_step, opts, testComm(), nullptr).ok());
+  EXPECT_TRUE(CheckpointLock::acquire(opts.checkpointDir).ok());
+}
+
+TEST_F(TrainTest, OutputsAreNeverWrittenThroughLinksOrIntoDevices) {
+  writeTokens(dir.file("tokens.u16"), randomTokens(101, 52));
+  writeWeights(dir.file("init.safetensors"), 53);
+  writeBytes(dir.file("target"), "keep");
+  std::filesystem::create_symlink(dir.file("target"), dir.file("link"));
+  ASSERT_EQ(mkfifo(dir.file("fifo").c_str(), 0666), 0);
+  std::filesystem::create_directory(dir.file("folder"));
+  auto error = [&](const char *flag, const std::string &path) {
+    Options o = options(1, 0.01);
+    if (std::string(flag) == "save-weights")
+      o.saveWeightsPath = path;
+    else if (std::string(flag) == "metrics")
+      o.metricsPath = path;
+    else
+      o.dumpGradsPath = path;
+    Status s = train(plan(), fastllm_step, o, testComm(), nullptr);
+    EXPECT_FALSE(s.ok()) << flag << " " << path;
+    return s.message();
+  };
+  const std::string tail =
+      "; refusing to replace it (write to a regular file or a new path)";
+  EXPECT_EQ(error("save-weights", "/dev/full"),
+            "--save-weights: '/dev/full' is a device" + tail);
+  EXPECT_EQ(error("save-weights", "/dev/null"),
+            "--save-weights: '/dev/null' is a device" + tail);
+  EXPECT_EQ(error("save-weights", dir.file("link")),
+            "--save-weights: '" + dir.file("link") + "' is a symbolic link" +
+                tail);
+  EXPECT_EQ(error("save-weights", dir.file("folder")),
+            "--save-weights: '" + dir.file("folder") + "' is a directory" +
+                tail);
+  EXPECT_EQ(error("dump-grads", dir.file("fifo")),
+            "--dump-grads: '" + dir.file("fifo") + "' is a FIFO" + tail);
+  EXPECT_EQ(error("metrics", dir.file("link")),
+            "--metrics: '" + dir.file("link") + "' is a symbolic link" + tail);
+  EXPECT_EQ(readBytes(dir.file("target")), "keep");
+  EXPECT_TRUE(std::filesystem::is_symlink(dir.file("link")));
+
+  // The metrics file itself, opened for appending on resume, refuses them.
+  Expected<MetricsFile> m = MetricsFile::create(dir.file("fifo"), true);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message(),
+            "metrics file: '" + dir.file("fifo") + "' is a FIFO" + tail);
+  m = MetricsFile::create(dir.file("link"), true);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(readBytes(dir.file("target")), "keep");
+
+  // A regular file is replaced whole, and --save-weights says what it wrote.
+  writeBytes(dir.file("final.safetensors"), "old");
+  Options o = options(1, 0.01);
+  o.saveWeightsPath = dir.file("final.safetensors");
+  char *text = nullptr;
+  size_t size = 0;
+  FILE *log = open_memstream(&text, &size);
+  ASSERT_TRUE(train(plan(), fastllm_step, o, testComm(), log).ok());
+  std::fclose(log);
+  std::string printed(text, size);
+  std::free(text);
+  std::string bytes = readBytes(o.saveWeightsPath);
+  EXPECT_NE(printed.find("saved weights: '" + o.saveWeightsPath +
+                         "' (3 tensors, " + std::to_string(bytes.size()) +
+                         " bytes)\n"),
+            std::string::npos)
+      << printed;
+  for (const auto &e : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos)
+        << e.path();
 }
 
 } // namespace
