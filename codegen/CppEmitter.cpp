@@ -15,6 +15,7 @@
 #include "codegen/CppEmitter.h"
 #include "ir/ModelDialect.h"
 #include "passes/MemoryPlan.h"
+#include "runtime/OutputFile.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Traits.h"
@@ -26,8 +27,6 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/Path.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 using namespace mlir;
 using namespace mlir::fastllm;
@@ -288,14 +287,15 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
     if (t.getRank() > 8)
       return p.emitOpError("has rank ") << t.getRank() << "; at most 8 is supported";
     paramIndex[p.getSymName()] = numParams;
-    os << "    {" << cString(p.getSymName()) << ", " << t.getRank() << ", "
+    os << "    {" << cString(p.getSymName()) << ", " << p.getSymName().size()
+       << ", " << t.getRank() << ", "
        << list(t.getShape()) << ", " << t.getNumElements() << ", "
        << offset.getInt() << ", " << (p.getFrozen() ? 0 : 1) << ", "
        << (t.getRank() >= 2 ? 1 : 0) << "},\n";
     ++numParams;
   }
   if (!numParams)
-    os << "    {\"\", 0, {0}, 0, 0, 0, 0},\n";
+    os << "    {\"\", 0, 0, {0}, 0, 0, 0, 0},\n";
   os << "};\n\n";
   os << "const StageInfo kStages[] = {\n";
   for (int64_t k = 0; k < plan.numStages(); ++k)
@@ -990,32 +990,15 @@ LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
   while (json.size() % 8)
     json += ' ';
 
-  std::string tmp = (path + ".tmp").str();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return module.emitError("cannot write '") << tmp << "': " << strerror(errno);
-  auto writeAll = [&](const char *data, size_t size) {
-    while (size) {
-      ssize_t n = ::write(fd, data, size);
-      if (n <= 0)
-        return false;
-      data += n;
-      size -= n;
-    }
-    return true;
-  };
+  ::fastllm::rt::OutputFile file(path.str());
   uint64_t headerSize = json.size();
   char sizeBytes[8];
   for (int i = 0; i < 8; ++i)
     sizeBytes[i] = char((headerSize >> (8 * i)) & 0xff);
-  bool ok = writeAll(sizeBytes, 8) && writeAll(json.data(), json.size());
+  bool ok = file.open() && file.write(sizeBytes, 8) && file.write(json);
   for (const std::string &b : blobs)
-    ok = ok && writeAll(b.data(), b.size());
-  ok = ok && ::fsync(fd) == 0;
-  ok = (::close(fd) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.str().c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return module.emitError("cannot write '") << path << "': " << strerror(errno);
-  }
+    ok = ok && file.write(b.data(), b.size());
+  if (!ok || !file.commit())
+    return module.emitError(file.error());
   return success();
 }

@@ -431,6 +431,9 @@ LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
       return fileError() << "an initializer has no name";
     // Names travel into JSON (plan.json, safetensors headers) and must come
     // back byte for byte.
+    if (tname == "__metadata__")
+      return fileError() << "initializer name '__metadata__' is reserved (the "
+                            "weights file's metadata entry)";
     if (!llvm::json::isUTF8(tname))
       return fileError() << "initializer name '" << llvm::json::fixUTF8(tname)
                          << "' is not valid UTF-8";

@@ -113,7 +113,7 @@ Fingerprint fastllm::rt::planFingerprint(const PlanInfo &plan) {
     std::string key = "params[" + str(i) + "].", shape = "[";
     for (int32_t d = 0; d < p.rank; ++d)
       shape += (d ? ", " : "") + str(p.shape[d]);
-    f.push_back({key + "name", p.name});
+    f.push_back({key + "name", paramName(p)});
     f.push_back({key + "shape", shape + "]"});
     f.push_back({key + "offset", str(p.offset)});
     f.push_back({key + "trainable", p.trainable ? "true" : "false"});

@@ -44,14 +44,18 @@
 #define FASTLLM_RUNTIME_MODELABI_H
 
 #include <cstdint>
+#include <string>
 
 namespace fastllm::rt {
 
-constexpr int32_t kAbiVersion = 3;
+constexpr int32_t kAbiVersion = 4;
 constexpr int kMaxRank = 8;
 
 struct ParamInfo {
-  const char *name;       ///< the ONNX initializer name
+  /// The ONNX initializer name: `nameBytes` bytes of UTF-8, which may hold
+  /// any character, NUL included (use paramName()).
+  const char *name;
+  int32_t nameBytes;
   int32_t rank;
   int64_t shape[kMaxRank];
   int64_t numel;
@@ -60,6 +64,12 @@ struct ParamInfo {
   int32_t trainable;      ///< 0 when frozen (--freeze): no update
   int32_t weightDecay;    ///< 1 when AdamW's decay applies (rank >= 2)
 };
+
+/// A parameter's name, exactly as the model spells it.
+inline std::string paramName(const ParamInfo &p) {
+  return p.name && p.nameBytes > 0 ? std::string(p.name, size_t(p.nameBytes))
+                                   : std::string();
+}
 
 /// A stage's slice of the flat parameter (and gradient) arrays. Its length is
 /// padded to a multiple of dp * 32 elements, so the stage splits into dp

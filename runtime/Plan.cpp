@@ -196,8 +196,9 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
   for (int32_t i = 0; i < plan.numParams; ++i) {
     const ParamInfo &p = plan.params[i];
     std::string what = "parameter #" + str(i) +
-                       (p.name ? " '" + std::string(p.name) + "'" : "");
-    bool ok = p.name && p.rank >= 0 && p.rank <= kMaxRank && p.numel >= 0;
+                       (p.name ? " '" + paramName(p) + "'" : "");
+    bool ok = p.name && p.nameBytes >= 0 && p.rank >= 0 && p.rank <= kMaxRank &&
+              p.numel >= 0;
     int64_t numel = 1;
     for (int32_t d = 0; ok && d < p.rank; ++d)
       ok = p.shape[d] >= 0 && !__builtin_mul_overflow(numel, p.shape[d], &numel);
@@ -209,7 +210,7 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
       return invalid(what + " has an inconsistent shape or lies outside the " +
                      str(limit) + (frozenArray ? " frozen" : " parameter") +
                      " elements");
-    if (!names.insert(p.name).second)
+    if (!names.insert(std::string_view(p.name, size_t(p.nameBytes))).second)
       return invalid(what + " has the name of an earlier parameter");
     if (p.numel == 0)
       continue;

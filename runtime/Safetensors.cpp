@@ -263,9 +263,11 @@ Status fastllm::rt::loadParams(const std::string &path, const PlanInfo &plan,
       continue;
     float *into = frozenArray ? frozen : params;
     if (!into)
-      return errorf("no array to load parameter '%s' into", p.name);
+      return errorf("no array to load parameter '%s' into",
+                    paramName(p).c_str());
     std::vector<int64_t> shape(p.shape, p.shape + p.rank);
-    if (Status s = reader->readF32(p.name, shape, into + p.offset); !s.ok())
+    if (Status s = reader->readF32(paramName(p), shape, into + p.offset);
+        !s.ok())
       return s;
   }
   return Status();
@@ -282,8 +284,8 @@ Status fastllm::rt::saveParams(const std::string &path, const PlanInfo &plan,
     const float *from = inFrozenArray(plan, p) ? frozen : flat;
     if (!from)
       return errorf("'%s': no frozen array to write parameter '%s' from",
-                    path.c_str(), p.name);
-    tensors.push_back({p.name, std::vector<int64_t>(p.shape, p.shape + p.rank),
+                    path.c_str(), paramName(p).c_str());
+    tensors.push_back({paramName(p), std::vector<int64_t>(p.shape, p.shape + p.rank),
                        from + p.offset});
   }
   return writeSafetensors(path, tensors, {{"format", "pt"}}, written);

@@ -76,6 +76,11 @@ echo "== a killed or hung rank ends the job, naming a rank"
   2>&1 | tee "$logdir/kill-rank.log"
 tally "$logdir/kill-rank.log" "kill rank tests"
 
+echo "== hostile names: no injected code, names survive byte for byte"
+"$py" "$root/test/e2e/hostile_names.py" "$build/bin/fastllm-opt" \
+  2>&1 | tee "$logdir/hostile-names.log"
+tally "$logdir/hostile-names.log" "hostile names tests"
+
 echo "== gradient rules vs PyTorch autograd"
 "$py" "$root/test/e2e/gradcheck.py" --tool "$build/bin/fastllm-opt" \
   2>&1 | tee "$logdir/gradcheck.log" | grep -E "^(FAIL|gradcheck)"

@@ -17,6 +17,7 @@
 #include "ir/ModelSummary.h"
 #include "passes/MemoryPlan.h"
 #include "passes/Pipelines.h"
+#include "runtime/OutputFile.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/AsmState.h"
@@ -34,7 +35,10 @@
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 using namespace mlir;
 using namespace llvm;
@@ -43,18 +47,98 @@ static raw_ostream &compileError() {
   return WithColor::error(errs(), "fastllm-opt compile");
 }
 
-/// Writes `text` to `path` atomically.
+/// Writes `text` to `path` through a temporary file and a rename (never
+/// through a symlink or into a device).
 static bool writeFile(StringRef path, StringRef text) {
-  std::string error;
-  auto out = openOutputFile(path, &error);
-  if (!out) {
+  std::string error =
+      ::fastllm::rt::writeFileAtomically(path.str(), text.data(), text.size());
+  if (!error.empty()) {
     compileError() << error << "\n";
     return false;
   }
-  out->os() << text;
-  out->keep();
   return true;
 }
+
+/// Every file `compile` may leave in the output folder.
+static constexpr const char *kArtifacts[] = {
+    "plan.mlir", "plan.json",           "train_step.cpp", "train_step.cu",
+    "weights.safetensors", "build.log", "train"};
+
+namespace {
+/// The output folder's next contents, made in a staging folder inside it and
+/// moved into place only once all of it exists: a compile that fails (a bad
+/// model, a C++ build error) leaves the previous run's artifacts as they
+/// were, and one that succeeds replaces them all, removing those this run
+/// does not make (no stale `train` beside a new plan).
+class StagedOutput {
+public:
+  ~StagedOutput() {
+    if (!staging.empty())
+      sys::fs::remove_directories(staging);
+  }
+
+  bool create(StringRef folder) {
+    dir = folder.str();
+    if (std::error_code ec = sys::fs::create_directories(dir)) {
+      compileError() << "cannot create '" << dir << "': " << ec.message()
+                     << "\n";
+      return false;
+    }
+    if (!sys::fs::is_directory(dir)) {
+      compileError() << "'" << dir << "' is not a folder\n";
+      return false;
+    }
+    std::string pattern = (Twine(dir) + "/.fastllm-staging-XXXXXX").str();
+    if (!::mkdtemp(pattern.data())) {
+      compileError() << "cannot create a staging folder in '" << dir
+                     << "': " << std::strerror(errno) << "\n";
+      return false;
+    }
+    staging = pattern;
+    return true;
+  }
+
+  const std::string &stagingDir() const { return staging; }
+  /// Where artifact `name` is written during the compile.
+  std::string path(StringRef name) const {
+    SmallString<256> p(staging);
+    sys::path::append(p, name);
+    return std::string(p);
+  }
+
+  /// Moves every artifact made into the output folder, after checking that
+  /// each target is a regular file or absent, and removes the other
+  /// artifacts of an earlier run.
+  bool commit() {
+    auto target = [&](StringRef name) {
+      SmallString<256> p(dir);
+      sys::path::append(p, name);
+      return std::string(p);
+    };
+    for (const char *name : kArtifacts)
+      if (std::string why = ::fastllm::rt::checkReplaceable(target(name));
+          !why.empty()) {
+        compileError() << why << "; nothing was written\n";
+        return false;
+      }
+    for (const char *name : kArtifacts) {
+      if (sys::fs::exists(path(name))) {
+        if (std::string why = ::fastllm::rt::renameInto(path(name), target(name));
+            !why.empty()) {
+          compileError() << why << "\n";
+          return false;
+        }
+      } else if (sys::fs::exists(target(name))) {
+        sys::fs::remove(target(name));
+      }
+    }
+    return true;
+  }
+
+private:
+  std::string dir, staging;
+};
+} // namespace
 
 /// What each rank holds and moves, from the plan (DESIGN.md section 5).
 struct Report {
@@ -65,7 +149,7 @@ struct Report {
   int64_t allReduce;
 };
 
-static Report makeReport(const fastllm::MemoryPlan &plan) {
+static Report makeReport(const mlir::fastllm::MemoryPlan &plan) {
   int64_t full = plan.paramElements * 4;
   int64_t shard = plan.paramElements / plan.dataParallel * 4;
   // ZeRO-3 holds weight slots instead of the full weights, ZeRO-2/3
@@ -89,10 +173,10 @@ static Report makeReport(const fastllm::MemoryPlan &plan) {
           plan.dataParallel > 1 ? 16 : 0};
 }
 
-static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
+static std::string planJson(ModuleOp module, const mlir::fastllm::MemoryPlan &plan,
                             StringRef target, int64_t batch, int64_t seq) {
   json::Array params;
-  for (auto p : module.getOps<fastllm::model::ParameterOp>()) {
+  for (auto p : module.getOps<mlir::fastllm::model::ParameterOp>()) {
     json::Array shape;
     for (int64_t d : p.getTensorType().getShape())
       shape.push_back(d);
@@ -100,7 +184,7 @@ static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
     params.push_back(json::Object{
         {"name", p.getSymName()},
         {"shape", std::move(shape)},
-        {"offset", p->getAttrOfType<IntegerAttr>(fastllm::kParamOffsetAttr).getInt()},
+        {"offset", p->getAttrOfType<IntegerAttr>(mlir::fastllm::kParamOffsetAttr).getInt()},
         {"stage", stage ? stage.getInt() : 0},
         {"trainable", !p.getFrozen()}});
   }
@@ -167,7 +251,7 @@ static std::string planJson(ModuleOp module, const fastllm::MemoryPlan &plan,
   return text;
 }
 
-static void printReport(const fastllm::MemoryPlan &plan, raw_ostream &os) {
+static void printReport(const mlir::fastllm::MemoryPlan &plan, raw_ostream &os) {
   auto mib = [](int64_t bytes) { return format("%10.2f MiB", bytes / 1048576.0); };
   Report r = makeReport(plan);
   auto count = [](size_t n, StringRef what) {
@@ -240,11 +324,11 @@ static bool runLogged(ArrayRef<std::string> args, StringRef log,
 /// output goes to DIR/build.log and is shown on failure. CUDA: nvcc compiles
 /// the step (for FASTLLM_CUDA_ARCH, with the host compiler as nvcc's host
 /// compiler) and the host compiler links.
-static bool buildBinary(StringRef dir, fastllm::Target target) {
+static bool buildBinary(StringRef dir, mlir::fastllm::Target target) {
   std::string cxx = FASTLLM_HOST_CXX;
   if (const char *env = std::getenv("FASTLLM_CXX"))
     cxx = env;
-  const bool cuda = target == fastllm::Target::Cuda;
+  const bool cuda = target == mlir::fastllm::Target::Cuda;
   auto path = [&](StringRef name) {
     SmallString<256> p(dir);
     sys::path::append(p, name);
@@ -293,7 +377,7 @@ static bool buildBinary(StringRef dir, fastllm::Target target) {
   return runLogged(link, log, "building " + binary);
 }
 
-int fastllm::compileMain(int argc, char **argv) {
+int mlir::fastllm::compileMain(int argc, char **argv) {
   cl::OptionCategory category("fastllm-opt compile options");
   cl::opt<std::string> input(cl::Positional, cl::Required,
                              cl::desc("<model.onnx | model.onnxtext | model.mlir>"),
@@ -372,8 +456,8 @@ int fastllm::compileMain(int argc, char **argv) {
                    << " is not supported (supported: cpu, cuda)\n";
     return 1;
   }
-  const fastllm::Target emitTarget =
-      target == "cuda" ? fastllm::Target::Cuda : fastllm::Target::Cpu;
+  const mlir::fastllm::Target emitTarget =
+      target == "cuda" ? mlir::fastllm::Target::Cuda : mlir::fastllm::Target::Cpu;
   if (precision != "fp32" && precision != "bf16") {
     compileError() << "--precision " << precision
                    << " is not a precision (supported: fp32, bf16)\n";
@@ -385,7 +469,7 @@ int fastllm::compileMain(int argc, char **argv) {
                       "fp32 gradient buffers\n";
     return 1;
   }
-  if (precision == "bf16" && emitTarget != fastllm::Target::Cuda) {
+  if (precision == "bf16" && emitTarget != mlir::fastllm::Target::Cuda) {
     compileError() << "--precision bf16 needs --target cuda (the CPU target "
                       "computes in fp32)\n";
     return 1;
@@ -430,18 +514,13 @@ int fastllm::compileMain(int argc, char **argv) {
                    << "'\n";
     return 1;
   }
-  fastllm::OnnxImportOptions options;
-  if (!fastllm::parseDimBindings(bindDims, options.dimBindings))
+  mlir::fastllm::OnnxImportOptions options;
+  if (!mlir::fastllm::parseDimBindings(bindDims, options.dimBindings))
     return 1;
   options.batchSize = batchSize;
   options.seqLen = seqLen;
-  if (std::error_code ec = sys::fs::create_directories(outDir)) {
-    compileError() << "cannot create '" << outDir << "': " << ec.message()
-                   << "\n";
-    return 1;
-  }
 
-  fastllm::DriverContext driver;
+  mlir::fastllm::DriverContext driver;
   MLIRContext &context = driver.context;
   // A model-dialect module (`fastllm-opt import` output, or hand-written IR
   // for compiler work) skips the importer; its shapes are already static and
@@ -466,13 +545,13 @@ int fastllm::compileMain(int argc, char **argv) {
       return 1;
     }
   } else {
-    module = fastllm::importOnnxFile(&context, input, options);
+    module = mlir::fastllm::importOnnxFile(&context, input, options);
   }
   if (!module)
     return 1;
 
   PassManager pm(&context);
-  fastllm::TrainingPipelineOptions pipeline;
+  mlir::fastllm::TrainingPipelineOptions pipeline;
   pipeline.freeze = freeze.getValue();
   pipeline.layersPerStage = layersPerStage.getValue();
   pipeline.dp = dp.getValue();
@@ -481,18 +560,17 @@ int fastllm::compileMain(int argc, char **argv) {
   pipeline.numWeightBuffers = numWeightBuffers.getValue();
   pipeline.fullPrecisionGradients = fullPrecisionGradients.getValue();
   pipeline.precision = precision.getValue();
-  fastllm::buildCpuTrainingPipeline(pm, pipeline);
+  mlir::fastllm::buildCpuTrainingPipeline(pm, pipeline);
   if (failed(pm.run(*module)))
     return 1;
-  std::optional<fastllm::MemoryPlan> plan = fastllm::MemoryPlan::get(*module);
+  std::optional<mlir::fastllm::MemoryPlan> plan = mlir::fastllm::MemoryPlan::get(*module);
   if (!plan)
     return 1;
 
-  auto path = [&](StringRef name) {
-    SmallString<256> p(outDir);
-    sys::path::append(p, name);
-    return std::string(p);
-  };
+  StagedOutput output;
+  if (!output.create(outDir))
+    return 1;
+  auto path = [&](StringRef name) { return output.path(name); };
   {
     std::string text;
     raw_string_ostream os(text);
@@ -505,19 +583,21 @@ int fastllm::compileMain(int argc, char **argv) {
   if (report)
     printReport(*plan, outs());
   if (emit == "mlir")
-    return 0;
+    return output.commit() ? 0 : 1;
 
   std::string source;
   raw_string_ostream sourceStream(source);
-  if (failed(fastllm::emitSource(*module, emitTarget, sourceStream)))
+  if (failed(mlir::fastllm::emitSource(*module, emitTarget, sourceStream)))
     return 1;
-  if (!writeFile(path(emitTarget == fastllm::Target::Cuda ? "train_step.cu"
+  if (!writeFile(path(emitTarget == mlir::fastllm::Target::Cuda ? "train_step.cu"
                                                           : "train_step.cpp"),
                  source))
     return 1;
-  if (failed(fastllm::writeWeights(*module, path("weights.safetensors"))))
+  if (failed(mlir::fastllm::writeWeights(*module, path("weights.safetensors"))))
     return 1;
   if (emit == "source")
-    return 0;
-  return buildBinary(outDir, emitTarget) ? 0 : 1;
+    return output.commit() ? 0 : 1;
+  if (!buildBinary(output.stagingDir(), emitTarget))
+    return 1;
+  return output.commit() ? 0 : 1;
 }

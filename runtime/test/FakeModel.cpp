@@ -13,9 +13,9 @@ using namespace fake;
 namespace {
 
 ParamInfo params[] = {
-    {"embed", 2, {kVocab, kDim}, kVocab *kDim, 0, 1, 1},
-    {"bias", 1, {kDim}, kDim, 0, 1, 0},
-    {"code", 2, {kVocab, kDim}, kVocab *kDim, 0, 0, 1},
+    {"embed", 5, 2, {kVocab, kDim}, kVocab *kDim, 0, 1, 1},
+    {"bias", 4, 1, {kDim}, kDim, 0, 1, 0},
+    {"code", 4, 2, {kVocab, kDim}, kVocab *kDim, 0, 0, 1},
 };
 StageInfo stages[2];
 PlanInfo plan;

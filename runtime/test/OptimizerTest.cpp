@@ -36,14 +36,14 @@ struct ParamsOnlyPlan {
     if (!pad)
       pad = dp * 32;
     auto padded = [&](int64_t n) { return (n + pad - 1) / pad * pad; };
-    params.push_back({"w", 2, {3, 4}, 12, 0, 1, 1});
-    params.push_back({"b", 1, {5}, 5, 12, 1, 0});
-    params.push_back({"frozen", 2, {2, 2}, 4, 17, 0, 1});
+    params.push_back({"w", 1, 2, {3, 4}, 12, 0, 1, 1});
+    params.push_back({"b", 1, 1, {5}, 5, 12, 1, 0});
+    params.push_back({"frozen", 6, 2, {2, 2}, 4, 17, 0, 1});
     stages.push_back({0, padded(21)});
     if (bigRows) {
       int64_t at = stages.back().elements;
       params.push_back(
-          {"big", 2, {bigRows, 1000}, bigRows * 1000, at, 1, 1});
+          {"big", 3, 2, {bigRows, 1000}, bigRows * 1000, at, 1, 1});
       stages.push_back({at, padded(bigRows * 1000)});
     }
     plan.numParams = params.size();

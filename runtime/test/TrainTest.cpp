@@ -579,8 +579,12 @@ TEST_F(TrainTest, ValidationRejectsCorruptPlans) {
         "parameter #2 'code' [100, +64) crosses the end of stage 0 at 128");
   check("params overlap", [](P, S, A a) { a[1].offset = 2; },
         "parameters 'bias' and 'embed' overlap");
-  check("duplicate name", [](P, S, A a) { a[2].name = "embed"; },
+  check("duplicate name", [](P, S, A a) { a[2].name = "embed"; a[2].nameBytes = 5; },
         "parameter #2 'embed' has the name of an earlier parameter");
+  // Names are compared by their bytes, NUL included: "embed\0x" is another
+  // name than "embed", and a negative length is refused.
+  check("negative name length", [](P, S, A a) { a[2].nameBytes = -1; },
+        "parameter #2");
   check("param outside", [](P, S, A a) { a[2].offset = 190; },
         "parameter #2 'code' has an inconsistent shape or lies outside");
   check("negative dims", [](P, S, A a) {

@@ -59,8 +59,8 @@ protected:
 namespace {
 
 struct OneStage {
-  ParamInfo params[2] = {{"w", 2, {64, 40}, 2560, 0, 1, 1},
-                         {"b", 1, {40}, 40, 2560, 1, 0}};
+  ParamInfo params[2] = {{"w", 1, 2, {64, 40}, 2560, 0, 1, 1},
+                         {"b", 1, 1, {40}, 40, 2560, 1, 0}};
   StageInfo stage = {0, 2624, -1, -1};
   PlanInfo plan{};
   OneStage() {
