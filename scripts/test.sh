@@ -95,7 +95,9 @@ tally "$logdir/onnx-node.log" "onnx node tests"
 echo "== fuzzing the importer (${fuzz_seconds}s)"
 if [[ -x "$build/bin/fastllm-import-fuzzer" ]]; then
   corpus=$(mktemp -d)
+  # Text seeds (the ONNX text parser) and binary ones with external data.
   cp "$root"/test/Frontend/*.onnxtext "$corpus"/ 2>/dev/null
+  "$py" "$root/tools/fuzz/make_seeds.py" "$corpus"
   for t in add matmul_2d gather_0 softmax_axis_1 layer_normalization_2d_axis0 slice; do
     f=/usr/share/libonnx-testdata/data/node/test_$t/model.onnx
     [[ -f $f ]] && cp "$f" "$corpus/$t.onnx"

@@ -47,6 +47,12 @@ std::string makeModelFolder() {
   if (FILE *f = std::fopen((dir + "/empty.bin").c_str(), "wb"))
     std::fclose(f);
   (void)symlink("/etc/hostname", (dir + "/outside.bin").c_str());
+  static std::string removeAtExit = dir;
+  std::atexit([] {
+    for (const char *name : {"/weights.bin", "/empty.bin", "/outside.bin"})
+      ::unlink((removeAtExit + name).c_str());
+    ::rmdir(removeAtExit.c_str());
+  });
   return dir;
 }
 
