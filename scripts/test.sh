@@ -81,6 +81,11 @@ echo "== hostile names: no injected code, names survive byte for byte"
   2>&1 | tee "$logdir/hostile-names.log"
 tally "$logdir/hostile-names.log" "hostile names tests"
 
+echo "== training-run safety: outputs, skipped steps, signals, checkpoint folder"
+"$py" "$root/test/e2e/run_safety.py" "$build/bin/fastllm-opt" \
+  2>&1 | tee "$logdir/run-safety.log"
+tally "$logdir/run-safety.log" "run safety tests"
+
 echo "== gradient rules vs PyTorch autograd"
 "$py" "$root/test/e2e/gradcheck.py" --tool "$build/bin/fastllm-opt" \
   2>&1 | tee "$logdir/gradcheck.log" | grep -E "^(FAIL|gradcheck)"

@@ -8,7 +8,10 @@ few steps are logged, then
     must name rank 1;
   - SIGSTOPs rank 1 (it hangs, holding its peers in a collective) with
     --collective-timeout 5: rank 0 must abort the job within 60 s, non-zero,
-    with `rank 0: step N: <collective> timed out`;
+    with `rank 0: step N: <collective> timed out after 5 s; rank(s) 1 never
+    arrived`;
+  - the same with 4 ranks and rank 2 stopped: a rank that timed out must
+    name rank 2, and only rank 2, as the one that never arrived;
   - SIGKILLs rank 1 of a 20-step run checkpointing every 5 steps once step 12
     is logged, resumes it (--resume) to step 20 and compares every loss with
     an uninterrupted run: bit-identical (DESIGN.md section 6).
@@ -42,9 +45,9 @@ def rank_pid(binary, rank):
     return None
 
 
-def run_case(work, binary, data, sig, expect):
-    metrics = os.path.join(work, f"metrics-{sig.name}.jsonl")
-    cmd = MPIRUN + ["-np", "2", binary, "--data", data, "--steps", "1000000", "--lr", "1e-3",
+def run_case(work, binary, data, sig, expect, np=2, victim=1):
+    metrics = os.path.join(work, f"metrics-{sig.name}-{np}.jsonl")
+    cmd = MPIRUN + ["-np", str(np), binary, "--data", data, "--steps", "1000000", "--lr", "1e-3",
                     "--metrics", metrics, "--collective-timeout", "5"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -54,7 +57,7 @@ def run_case(work, binary, data, sig, expect):
             if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 3:
                 break
             time.sleep(0.1)
-        pid = rank_pid(binary, 1)
+        pid = rank_pid(binary, victim)
         if proc.poll() is not None or pid is None:
             return False, f"the run did not reach step 3 (exit {proc.poll()})"
         steps = sum(1 for _ in open(metrics))
@@ -67,7 +70,8 @@ def run_case(work, binary, data, sig, expect):
         took = time.time() - start
         named = re.search(expect, out)
         ok = proc.returncode != 0 and named is not None
-        detail = (f"{sig.name} rank 1 after step {steps}: exit {proc.returncode} in {took:.1f} s; "
+        detail = (f"{sig.name} rank {victim} of {np} after step {steps}: exit {proc.returncode} "
+                  f"in {took:.1f} s; "
                   + (f"says '{named.group(0)}'" if named else f"no line matching '{expect}' in:\n"
                      + out[-1500:]))
         return ok, detail
@@ -75,7 +79,7 @@ def run_case(work, binary, data, sig, expect):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        pid = rank_pid(binary, 1)
+        pid = rank_pid(binary, victim)
         if pid:  # a stopped rank outlives mpirun's kill; do not leave it behind
             os.kill(pid, signal.SIGKILL)
             os.kill(pid, signal.SIGCONT)
@@ -127,11 +131,20 @@ def main():
     import array
     array.array("H", list(open("/usr/share/common-licenses/GPL-3", "rb").read())).tofile(
         open(data, "wb"))
+    out4 = os.path.join(work, "model4")
+    subprocess.run([TOOL, "compile", os.path.join(ROOT, "models", "gpt2-tiny.onnx"), "-o", out4,
+                    "--batch-size", "1", "--seq-len", "64", "--dp", "4", "--zero-stage", "3"],
+                   check=True, capture_output=True)
     passed = failed = 0
-    for sig, expect in ((signal.SIGKILL, r"rank 1\b[^\n]*(exited|killed|signal)"),
-                        (signal.SIGSTOP, r"rank 0: step \d+: [a-z-]+ timed out after 5 s")):
+    for sig, expect, binary, np, victim in (
+            (signal.SIGKILL, r"rank 1\b[^\n]*(exited|killed|signal)", out, 2, 1),
+            (signal.SIGSTOP, r"rank 0: step \d+: [a-z-]+ timed out after 5 s; "
+             r"rank\(s\) 1 never arrived", out, 2, 1),
+            (signal.SIGSTOP, r"rank [013]: step \d+: [a-z-]+ timed out after 5 s; "
+             r"rank\(s\) 2 never arrived", out4, 4, 2)):
         try:
-            ok, detail = run_case(work, os.path.join(out, "train"), data, sig, expect)
+            ok, detail = run_case(work, os.path.join(binary, "train"), data, sig, expect, np,
+                                  victim)
         except Exception as e:  # one case's crash must not hide the other
             ok, detail = False, f"{type(e).__name__}: {e}"
         print(f"{'PASS' if ok else 'FAIL'} {detail}", flush=True)
