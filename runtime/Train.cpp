@@ -578,7 +578,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     std::fprintf(log, "done: the checkpoint is at the last step, %lld\n",
                  (long long)opts.steps);
   else if (log)
-    std::fprintf(log, "done: %lld steps in %s, %.0f tok/s\n", (long long)ran,
+    std::fprintf(log, "%s: %lld steps in %s, %.0f tok/s\n",
+                 stopSignal ? "stopped early" : "done", (long long)ran,
                  formatDuration(totalSeconds).c_str(),
                  tokensPerStep * double(ran) / totalSeconds);
   if (log)
