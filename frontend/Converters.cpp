@@ -11,6 +11,7 @@
 #include "ir/ModelDialect.h"
 
 #include <cmath>
+#include <cstdio>
 
 using namespace mlir;
 using namespace mlir::fastllm;
@@ -384,14 +385,37 @@ static LogicalResult convertIdentity(NodeImporter &n) {
   return success();
 }
 
+/// Dropout is the identity in eval mode and, in any mode, with ratio 0 (what
+/// `nn.Dropout(p)` modules export in training mode with p = 0).
 static LogicalResult convertDropout(NodeImporter &n) {
+  bool training = false;
   if (n.hasInput(2)) {
-    auto training = n.requireHostInput(2, "training_mode");
-    if (failed(training))
+    auto mode = n.requireHostInput(2, "training_mode");
+    if (failed(mode))
       return failure();
-    if ((*training)->numElements() == 1 && (*training)->getInt(0) != 0)
-      return n.error() << "dropout in training mode is not supported; export "
-                          "the model in eval mode";
+    if ((*mode)->numElements() != 1)
+      return n.error() << "training_mode must be a scalar";
+    training = (*mode)->getInt(0) != 0;
+  }
+  if (training) {
+    double ratio = 0.5; // ONNX's default
+    if (n.hasInput(1)) {
+      auto r = n.requireHostInput(1, "ratio");
+      if (failed(r))
+        return failure();
+      if ((*r)->numElements() != 1)
+        return n.error() << "ratio must be a scalar";
+      ratio = (*r)->getDouble(0);
+    }
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", ratio);
+    if (!(ratio >= 0 && ratio < 1))
+      return n.error() << "ratio must be in [0, 1), got " << text;
+    if (ratio != 0)
+      return n.error() << "dropout with ratio " << text
+                       << " in training mode is not supported yet; set the "
+                          "model's dropout probabilities to 0 before "
+                          "exporting in training mode";
   }
   if (n.outputUsed(1))
     return n.error() << "the dropout mask output is not supported";

@@ -118,7 +118,7 @@ SKIP_PATTERNS = [
     # OnnxImporter.cpp tensorProtoType / inputType, Converters.cpp convertCast
     (r"unsupported element type (\w+)", "element type {0} unsupported"),
     # Converters.cpp convertDropout, convertLoss, convertSlice
-    (r"dropout in training mode is not supported",
+    (r"dropout with ratio [0-9.e+-]+ in training mode is not supported",
      "dropout training mode unsupported"),
     (r"class weights are not supported", "loss class weights unsupported"),
     (r"negative steps are only supported on values known at import time",
