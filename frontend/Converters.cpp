@@ -381,7 +381,8 @@ static LogicalResult convertCast(NodeImporter &n) {
 }
 
 static LogicalResult convertIdentity(NodeImporter &n) {
-  n.forwardInput(0, 0);
+  if (!n.splitParameter(0, 0))
+    n.forwardInput(0, 0);
   return success();
 }
 

@@ -92,6 +92,13 @@ public:
   void setOutput(unsigned i, HostTensor tensor);
   /// Makes output `out` the same value as input `in` (Identity, Dropout).
   void forwardInput(unsigned out, unsigned in);
+  /// Identity of a weight under another name: PyTorch's exporter keeps one
+  /// initializer for parameters of equal value (every LayerNorm gain starts
+  /// at 1) and names the others as Identity outputs. Output `out` becomes a
+  /// parameter of its own, named after it and starting from the weight's
+  /// value, so each trains on its own as in the PyTorch model. Returns false
+  /// (nothing done) when input `in` is not a weight.
+  bool splitParameter(unsigned out, unsigned in);
 
   /// Normalises a possibly negative axis against `rank`, with a diagnostic.
   FailureOr<int64_t> normalizeAxis(int64_t axis, int64_t rank);

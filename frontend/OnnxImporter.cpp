@@ -110,6 +110,31 @@ public:
   void define(StringRef valueName, ImportedValue v) {
     values[valueName] = std::move(v);
   }
+  /// See NodeImporter::splitParameter.
+  bool splitParameter(StringRef from, StringRef to) {
+    ImportedValue *source = lookup(from);
+    if (options.keepSharedInitializers || !source ||
+        source->parameter.empty() || values.count(to) ||
+        module.lookupSymbol(to) || !llvm::json::isUTF8(to) ||
+        to == "__metadata__")
+      return false;
+    auto original = module.lookupSymbol<model::ParameterOp>(source->parameter);
+    if (!original)
+      return false;
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointAfter(original);
+    auto copy = builder.create<model::ParameterOp>(
+        NameLoc::get(builder.getStringAttr(to), fileLoc), to,
+        original.getTensorType(), original.getInitialValueAttr());
+    // The import summary lists each such decision.
+    copy->setAttr("model.copied_from",
+                  builder.getStringAttr(original.getSymName()));
+    ImportedValue v;
+    v.type = source->type;
+    v.parameter = to.str();
+    values[to] = std::move(v);
+    return true;
+  }
   /// Counts `elements` more folded host elements against the model's total
   /// budget; false once the total passes it.
   bool chargeFold(int64_t elements) {
@@ -975,6 +1000,13 @@ void NodeImporter::setOutput(unsigned i, HostTensor tensor) {
   v.type = tensor.getType();
   v.host = std::make_shared<HostTensor>(std::move(tensor));
   graph.define(node.output(i), std::move(v));
+}
+
+bool NodeImporter::splitParameter(unsigned out, unsigned in) {
+  if ((int)out >= node.output_size() || node.output(out).empty() ||
+      !hasInput(in))
+    return false;
+  return graph.splitParameter(node.input(in), node.output(out));
 }
 
 void NodeImporter::forwardInput(unsigned out, unsigned in) {

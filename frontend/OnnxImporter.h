@@ -27,6 +27,10 @@ struct OnnxImportOptions {
   /// first integer graph input, [batch, seq]) whatever the exporter named
   /// them; a static dim that disagrees is an error.
   std::optional<int64_t> batchSize, seqLen;
+  /// Keep the graph's literal sharing of initializers: an Identity of a
+  /// weight stays the same parameter (`--keep-shared-initializers`). By
+  /// default it becomes a parameter of its own (see GraphImporter).
+  bool keepSharedInitializers = false;
 };
 
 /// Lowest and highest default-domain opset the importer accepts.

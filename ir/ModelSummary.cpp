@@ -79,4 +79,15 @@ void mlir::fastllm::printModelSummary(ModuleOp module, llvm::raw_ostream &os) {
     printType(p.getType(), os);
     os << "\n";
   }
+  // The importer's parameter-identity decisions (frontend/OnnxImporter.cpp).
+  bool header = false;
+  for (auto p : module.getOps<model::ParameterOp>())
+    if (auto from = p->getAttrOfType<StringAttr>("model.copied_from")) {
+      if (!header)
+        os << "  parameters of their own, starting from a shared initializer "
+              "(the exporter's Identity copies; --keep-shared-initializers "
+              "keeps them one):\n";
+      header = true;
+      os << "    " << p.getSymName() << " <- " << from.getValue() << "\n";
+    }
 }

@@ -436,6 +436,12 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
       "freeze",
       cl::desc("Regex: parameters whose name it matches are not trained"),
       cl::init(""), cl::cat(category));
+  cl::opt<bool> keepShared(
+      "keep-shared-initializers",
+      cl::desc("Keep the graph's literal sharing of initializers: an "
+               "exporter's Identity copy of a weight stays that weight "
+               "(default: it becomes a parameter of its own)"),
+      cl::cat(category));
   cl::opt<bool> report("report",
                        cl::desc("Print the per-rank memory plan"),
                        cl::cat(category));
@@ -518,6 +524,7 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
   if (!mlir::fastllm::parseDimBindings(bindDims, options.dimBindings))
     return 1;
   options.batchSize = batchSize;
+  options.keepSharedInitializers = keepShared;
   options.seqLen = seqLen;
 
   mlir::fastllm::DriverContext driver;

@@ -98,6 +98,12 @@ static int importMain(int argc, char **argv) {
                         cl::desc("Print a readable summary of the model "
                                  "(parameters, inputs, outputs, ops) first"),
                         cl::cat(category));
+  cl::opt<bool> keepShared(
+      "keep-shared-initializers",
+      cl::desc("Keep the graph's literal sharing of initializers: an "
+               "exporter's Identity copy of a weight stays that weight "
+               "(default: it becomes a parameter of its own)"),
+      cl::cat(category));
   cl::opt<bool> noIR("no-ir", cl::desc("Do not print the IR"),
                      cl::cat(category));
   cl::opt<bool> emitBytecode("emit-bytecode",
@@ -114,6 +120,7 @@ static int importMain(int argc, char **argv) {
   fastllm::OnnxImportOptions options;
   if (!fastllm::parseDimBindings(bindDims, options.dimBindings))
     return 1;
+  options.keepSharedInitializers = keepShared;
 
   fastllm::DriverContext driver;
   MLIRContext &context = driver.context;
