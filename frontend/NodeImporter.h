@@ -30,6 +30,9 @@ struct ImportedValue {
   Value value;
   std::shared_ptr<HostTensor> host;
   std::string parameter;
+  /// The parameter read transposed: a folded `W^T` copy the exporter made of
+  /// a weight, read as a view so the tie survives (see GraphImporter).
+  bool transposed = false;
 };
 
 class GraphImporter;

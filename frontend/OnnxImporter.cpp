@@ -145,6 +145,7 @@ public:
 private:
   LogicalResult checkVersions(const onnx::ModelProto &model);
   LogicalResult importInitializers(onnx::GraphProto &graph);
+  void tieFoldedCopies();
   LogicalResult bindTokenDims(const onnx::GraphProto &graph);
   FailureOr<RankedTensorType> inputType(const onnx::ValueInfoProto &info);
   FailureOr<SmallVector<const onnx::NodeProto *>>
@@ -174,12 +175,21 @@ private:
 Value GraphImporter::materialize(ImportedValue &v) {
   if (v.value)
     return v.value;
-  if (v.host)
+  if (v.host) {
     v.value = builder.create<model::ConstantOp>(fileLoc, v.host->toAttr());
-  else
+  } else if (v.transposed) {
+    auto loc = NameLoc::get(builder.getStringAttr(v.parameter), fileLoc);
+    RankedTensorType stored = RankedTensorType::get(
+        {v.type.getDimSize(1), v.type.getDimSize(0)}, v.type.getElementType());
+    Value read = builder.create<model::GetParameterOp>(
+        loc, stored, FlatSymbolRefAttr::get(context, v.parameter));
+    v.value = builder.create<model::TransposeOp>(loc, v.type, read,
+                                                 ArrayRef<int64_t>{1, 0});
+  } else {
     v.value = builder.create<model::GetParameterOp>(
         NameLoc::get(builder.getStringAttr(v.parameter), fileLoc), v.type,
         FlatSymbolRefAttr::get(context, v.parameter));
+  }
   return v.value;
 }
 
@@ -523,6 +533,72 @@ LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
   return success();
 }
 
+/// The f32 elements of a parameter's initial value, when held as a blob.
+static ArrayRef<float> parameterFloats(model::ParameterOp p) {
+  auto res = dyn_cast_or_null<DenseResourceElementsAttr>(p.getInitialValueAttr());
+  if (!res || !p.getTensorType().getElementType().isF32())
+    return {};
+  AsmResourceBlob *blob = res.getRawHandle().getBlob();
+  if (!blob)
+    return {};
+  ArrayRef<char> data = blob->getData();
+  return ArrayRef<float>(reinterpret_cast<const float *>(data.data()),
+                         data.size() / sizeof(float));
+}
+
+/// Constant folding (the exporter's default) replaces `x @ W.t()` by a
+/// folded initializer holding W transposed, under a generated name
+/// (`onnx::MatMul_N`): a tied embedding and head would silently train as
+/// two matrices. A 2-D float initializer under such a name whose values are
+/// exactly another initializer's, transposed or not, is read as a view of
+/// that parameter instead. Tensors whose elements are all equal are never
+/// tied this way (equal values say nothing about identity).
+void GraphImporter::tieFoldedCopies() {
+  SmallVector<model::ParameterOp> params(module.getOps<model::ParameterOp>());
+  for (model::ParameterOp copy : params) {
+    StringRef name = copy.getSymName();
+    RankedTensorType type = copy.getTensorType();
+    if (!name.starts_with("onnx::") || type.getRank() != 2)
+      continue;
+    ArrayRef<float> data = parameterFloats(copy);
+    if (data.empty() || llvm::all_equal(data))
+      continue;
+    int64_t rows = type.getDimSize(0), cols = type.getDimSize(1);
+    for (model::ParameterOp source : params) {
+      if (source == copy || source.getSymName().starts_with("onnx::") ||
+          source.getTensorType().getElementType() != type.getElementType())
+        continue;
+      ArrayRef<int64_t> shape = source.getTensorType().getShape();
+      ArrayRef<float> src = parameterFloats(source);
+      if (src.size() != data.size() || shape.size() != 2)
+        continue;
+      bool same = shape == type.getShape() &&
+                  std::memcmp(src.data(), data.data(),
+                              data.size() * sizeof(float)) == 0;
+      bool transposed = !same && shape[0] == cols && shape[1] == rows;
+      for (int64_t i = 0; transposed && i < rows; ++i)
+        for (int64_t j = 0; transposed && j < cols; ++j)
+          transposed = std::memcmp(&data[i * cols + j], &src[j * rows + i],
+                                   sizeof(float)) == 0;
+      if (!same && !transposed)
+        continue;
+      ImportedValue view;
+      view.type = type;
+      view.parameter = source.getSymName().str();
+      view.transposed = transposed;
+      values[name] = std::move(view);
+      SmallVector<Attribute> views;
+      if (auto old = source->getAttrOfType<ArrayAttr>("model.folded_views"))
+        views.append(old.begin(), old.end());
+      views.push_back(builder.getStringAttr(
+          (name + (transposed ? " = transpose" : " = copy")).str()));
+      source->setAttr("model.folded_views", builder.getArrayAttr(views));
+      copy.erase();
+      break;
+    }
+  }
+}
+
 LogicalResult GraphImporter::bindTokenDims(const onnx::GraphProto &graph) {
   if (!options.batchSize && !options.seqLen)
     return success();
@@ -765,6 +841,8 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
     module->setAttr("model.graph_name", builder.getStringAttr(graph.name()));
   if (failed(importInitializers(graph)))
     return nullptr;
+  if (!options.keepSharedInitializers)
+    tieFoldedCopies();
 
   if (failed(bindTokenDims(graph)))
     return nullptr;

@@ -90,4 +90,15 @@ void mlir::fastllm::printModelSummary(ModuleOp module, llvm::raw_ostream &os) {
       header = true;
       os << "    " << p.getSymName() << " <- " << from.getValue() << "\n";
     }
+  header = false;
+  for (auto p : module.getOps<model::ParameterOp>())
+    if (auto views = p->getAttrOfType<ArrayAttr>("model.folded_views")) {
+      if (!header)
+        os << "  folded copies read as views of a parameter (ties kept; "
+              "--keep-shared-initializers keeps them apart):\n";
+      header = true;
+      for (Attribute v : views)
+        os << "    " << cast<StringAttr>(v).getValue() << "(" << p.getSymName()
+           << ")\n";
+    }
 }

@@ -76,6 +76,11 @@ echo "== a killed or hung rank ends the job, naming a rank"
   2>&1 | tee "$logdir/kill-rank.log"
 tally "$logdir/kill-rank.log" "kill rank tests"
 
+echo "== models written and exported as users do (default init, dedup, tied head) vs PyTorch"
+"$py" "$root/test/e2e/user_exports.py" "$build/bin/fastllm-opt" \
+  2>&1 | grep -E "^(PASS|FAIL|user export)" | tee "$logdir/user-exports.log"
+tally "$logdir/user-exports.log" "user export tests"
+
 echo "== hostile names: no injected code, names survive byte for byte"
 "$py" "$root/test/e2e/hostile_names.py" "$build/bin/fastllm-opt" \
   2>&1 | tee "$logdir/hostile-names.log"
