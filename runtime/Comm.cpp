@@ -171,8 +171,8 @@ Expected<std::unique_ptr<Communicator>> Communicator::createSelf() {
 }
 
 Communicator::~Communicator() {
-  for (Handle::Answer &a : handle->answers) // a peer died before receiving
-    MPI_Cancel(&a.request);
+  for (Handle::Answer &a : handle->answers) // not yet received: let go
+    MPI_Request_free(&a.request);
   if (handle->probe != MPI_COMM_NULL)
     MPI_Comm_free(&handle->probe);
   if (handle->comm != MPI_COMM_NULL)
