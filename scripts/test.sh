@@ -86,6 +86,11 @@ echo "== hostile names: no injected code, names survive byte for byte"
   2>&1 | tee "$logdir/hostile-names.log"
 tally "$logdir/hostile-names.log" "hostile names tests"
 
+echo "== hostile ONNX: refused with exit code 1 and a message, in bounded time and memory"
+"$py" "$root/test/e2e/hostile_onnx.py" --tool "$build/bin/fastllm-opt" \
+  2>&1 | tee "$logdir/hostile-onnx.log" | grep -E "^(FAIL|total time|hostile onnx)"
+tally "$logdir/hostile-onnx.log" "hostile onnx tests"
+
 echo "== training-run safety: outputs, skipped steps, signals, checkpoint folder"
 "$py" "$root/test/e2e/run_safety.py" "$build/bin/fastllm-opt" \
   2>&1 | tee "$logdir/run-safety.log"
