@@ -192,6 +192,12 @@ static LogicalResult convertBinary(NodeImporter &n) {
           int64_t r = 0;
           if (!Fn::i(a->ints[src[0]], b->ints[src[1]], r))
             overflow = true;
+          // Narrower integers must hold the result too (int32 shape math).
+          unsigned width = lhsType.getIntOrFloatBitWidth();
+          if (width > 1 && width < 64 &&
+              (r < -(int64_t(1) << (width - 1)) ||
+               r >= (int64_t(1) << (width - 1))))
+            overflow = true;
           out.setInt(k, r);
         });
     if (overflow)

@@ -30,6 +30,8 @@
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 
 #include <cstring>
+#include <functional>
+#include <queue>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -754,18 +756,21 @@ GraphImporter::topologicalOrder(const onnx::GraphProto &graph) {
   }
   SmallVector<const onnx::NodeProto *> order;
   std::vector<bool> done(n, false);
-  // Repeated sweeps keep the original order when it is already topological.
-  bool progress = true;
-  while (order.size() < n && progress) {
-    progress = false;
-    for (size_t i = 0; i < n; ++i) {
-      if (done[i] || pending[i])
-        continue;
-      done[i] = progress = true;
-      order.push_back(&graph.node(i));
-      for (int c : consumers[i])
-        --pending[c];
-    }
+  // The ready node earliest in the file goes first (a min-heap of indices):
+  // a file already in topological order keeps it, and any order costs
+  // O(n log n).
+  std::priority_queue<int, std::vector<int>, std::greater<int>> ready;
+  for (size_t i = 0; i < n; ++i)
+    if (!pending[i])
+      ready.push(int(i));
+  while (!ready.empty()) {
+    int i = ready.top();
+    ready.pop();
+    done[i] = true;
+    order.push_back(&graph.node(i));
+    for (int c : consumers[i])
+      if (--pending[c] == 0)
+        ready.push(c);
   }
   if (order.size() < n) {
     for (size_t i = 0; i < n; ++i)
@@ -952,6 +957,40 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
                          << shapeString(param.getTensorType().getShape())
                          << "); a weight the model reads must have some",
              nullptr;
+
+  // Bound every tensor: a bound dim, an Expand or a Range could otherwise
+  // ask for more elements than int64 counts (the plan would wrap around).
+  auto tooLarge = [](Type type) {
+    auto t = dyn_cast<RankedTensorType>(type);
+    if (!t)
+      return false;
+    int64_t count = 1;
+    for (int64_t d : t.getShape())
+      if (d < 0 || __builtin_mul_overflow(count, d, &count) ||
+          count > kMaxTensorElements)
+        return true;
+    return false;
+  };
+  for (BlockArgument arg : func.getArguments())
+    if (tooLarge(arg.getType()))
+      return fileError() << "input '" << args[arg.getArgNumber()]->name()
+                         << "' would have more than " << kMaxTensorElements
+                         << " elements: " << arg.getType(),
+             nullptr;
+  WalkResult walk = func.walk([&](Operation *op) {
+    for (Type t : op->getResultTypes())
+      if (tooLarge(t)) {
+        InFlightDiagnostic diag = mlir::emitError(op->getLoc());
+        if (auto name = dyn_cast<NameLoc>(op->getLoc()))
+          diag << "node '" << name.getName().getValue() << "': ";
+        diag << "a value would have more than " << kMaxTensorElements
+             << " elements: " << t;
+        return WalkResult::interrupt();
+      }
+    return WalkResult::advance();
+  });
+  if (walk.wasInterrupted())
+    return nullptr;
 
   if (failed(mlir::verify(module)))
     return fileError() << "internal error: the imported IR does not verify",

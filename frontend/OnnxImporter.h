@@ -33,6 +33,10 @@ struct OnnxImportOptions {
   bool keepSharedInitializers = false;
 };
 
+/// The most elements one tensor of an imported model may have (2^36: 256 GiB
+/// of fp32); beyond it element counts and byte sizes stop being meaningful.
+constexpr int64_t kMaxTensorElements = int64_t(1) << 36;
+
 /// Lowest and highest default-domain opset the importer accepts.
 constexpr int64_t kMinOpset = 13, kMaxOpset = 18;
 /// Lowest and highest ModelProto.ir_version the importer accepts.

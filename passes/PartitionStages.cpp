@@ -116,21 +116,25 @@ void PartitionStagesPass::runOnOperation() {
   // (one block), the middle segments are one layer.
   size_t n = segments.size();
   size_t bestStart = std::min<size_t>(1, n), bestPeriod = 0, bestCount = 0;
-  for (size_t k = 1; k <= 8 && 2 * k <= n; ++k)
+  // For period k, run[i] is how many consecutive segments from i equal the
+  // one k further on; a run starting at s then repeats 1 + run[s] / k times.
+  // Linear per period (a long graph once made this quadratic).
+  SmallVector<size_t> run(n + 1, 0);
+  for (size_t k = 1; k <= 8 && 2 * k <= n; ++k) {
+    run[n] = 0;
+    for (size_t i = n; i-- > 0;)
+      run[i] = i + k < n && segments[i].signature == segments[i + k].signature
+                   ? run[i + 1] + 1
+                   : 0;
     for (size_t s = 0; s + 2 * k <= n; ++s) {
-      size_t count = 1;
-      while (s + (count + 1) * k <= n &&
-             llvm::all_of(llvm::seq<size_t>(0, k), [&](size_t i) {
-               return segments[s + i].signature ==
-                      segments[s + count * k + i].signature;
-             }))
-        ++count;
+      size_t count = 1 + run[s] / k;
       if (count >= 2 && count * k > bestCount * bestPeriod) {
         bestStart = s;
         bestPeriod = k;
         bestCount = count;
       }
     }
+  }
   // Layer of each segment: 0 for the embedding, then the blocks, then the head.
   SmallVector<int64_t> layerOf(n);
   int64_t numLayers;

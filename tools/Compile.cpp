@@ -581,7 +581,9 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
   {
     std::string text;
     raw_string_ostream os(text);
-    module->print(os, OpPrintingFlags().elideLargeResourceString(64));
+    module->print(os, OpPrintingFlags()
+                          .elideLargeResourceString(64)
+                          .elideLargeElementsAttrs(64));
     if (!writeFile(path("plan.mlir"), text))
       return 1;
   }
