@@ -392,27 +392,34 @@ static LogicalResult convertIdentity(NodeImporter &n) {
   return success();
 }
 
+/// The one element of input `i`, which must be known at import time.
+static FailureOr<double> hostScalar(NodeImporter &n, unsigned i,
+                                    StringRef what) {
+  auto t = n.requireHostInput(i, what);
+  if (failed(t))
+    return failure();
+  if ((*t)->numElements() != 1)
+    return n.error() << what << " must be a scalar", failure();
+  return (*t)->getDouble(0);
+}
+
 /// Dropout is the identity in eval mode and, in any mode, with ratio 0 (what
 /// `nn.Dropout(p)` modules export in training mode with p = 0).
 static LogicalResult convertDropout(NodeImporter &n) {
   bool training = false;
   if (n.hasInput(2)) {
-    auto mode = n.requireHostInput(2, "training_mode");
+    auto mode = hostScalar(n, 2, "training_mode");
     if (failed(mode))
       return failure();
-    if ((*mode)->numElements() != 1)
-      return n.error() << "training_mode must be a scalar";
-    training = (*mode)->getInt(0) != 0;
+    training = *mode != 0;
   }
   if (training) {
     double ratio = 0.5; // ONNX's default
     if (n.hasInput(1)) {
-      auto r = n.requireHostInput(1, "ratio");
+      auto r = hostScalar(n, 1, "ratio");
       if (failed(r))
         return failure();
-      if ((*r)->numElements() != 1)
-        return n.error() << "ratio must be a scalar";
-      ratio = (*r)->getDouble(0);
+      ratio = *r;
     }
     char text[32];
     std::snprintf(text, sizeof text, "%g", ratio);

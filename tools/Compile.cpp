@@ -383,16 +383,15 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
                              cl::desc("<model.onnx | model.onnxtext | model.mlir>"),
                              cl::cat(category));
   cl::opt<std::string> outDir("o", cl::Required,
-                              cl::desc("Output folder (created if needed)"),
+                              cl::desc("Output folder (created if needed); its artifacts are "
+                                       "replaced all together, only on success"),
                               cl::value_desc("dir"), cl::cat(category));
   cl::opt<int64_t> batchSize("batch-size", cl::Required,
                              cl::desc("Micro-batch per rank (samples)"),
                              cl::cat(category));
   cl::opt<int64_t> seqLen("seq-len", cl::Required,
                           cl::desc("Tokens per sample"), cl::cat(category));
-  cl::list<std::string> bindDims(
-      "bind-dim", cl::desc("Bind another symbolic dim NAME to V (repeatable)"),
-      cl::value_desc("NAME=V"), cl::cat(category));
+  mlir::fastllm::ImportFlags importFlags(category);
   cl::opt<std::string> target(
       "target",
       cl::desc("cpu, or cuda (CUDA C++ built with nvcc for " FASTLLM_CUDA_ARCH ")"),
@@ -426,7 +425,8 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
       cl::init(true), cl::cat(category));
   cl::opt<double> layersPerStage(
       "layers-per-stage",
-      cl::desc("Layers per stage (the unit of sharding); fractions allowed"),
+      cl::desc("Layers per stage (the unit of sharding); a positive finite "
+               "number, fractions allowed, below 1 means one layer per stage"),
       cl::init(1.0), cl::cat(category));
   cl::opt<int64_t> stagesPerPipelineStage(
       "stages-per-pipeline-stage",
@@ -436,12 +436,6 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
       "freeze",
       cl::desc("Regex: parameters whose name it matches are not trained"),
       cl::init(""), cl::cat(category));
-  cl::opt<bool> keepShared(
-      "keep-shared-initializers",
-      cl::desc("Keep the graph's literal sharing of initializers: an "
-               "exporter's Identity copy of a weight stays that weight "
-               "(default: it becomes a parameter of its own)"),
-      cl::cat(category));
   cl::opt<bool> report("report",
                        cl::desc("Print the per-rank memory plan"),
                        cl::cat(category));
@@ -521,10 +515,9 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
     return 1;
   }
   mlir::fastllm::OnnxImportOptions options;
-  if (!mlir::fastllm::parseDimBindings(bindDims, options.dimBindings))
+  if (!importFlags.fill(options))
     return 1;
   options.batchSize = batchSize;
-  options.keepSharedInitializers = keepShared;
   options.seqLen = seqLen;
 
   mlir::fastllm::DriverContext driver;

@@ -3,9 +3,12 @@
 #ifndef FASTLLM_TOOLS_COMPILE_H
 #define FASTLLM_TOOLS_COMPILE_H
 
+#include "frontend/OnnxImporter.h"
+
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/Support/CommandLine.h"
 
 #include <string>
 #include <vector>
@@ -15,9 +18,17 @@ namespace mlir::fastllm {
 /// `fastllm-opt compile ...` (argv[0] is the subcommand's name).
 int compileMain(int argc, char **argv);
 
-/// Parses `NAME=V` pairs; reports and fails on malformed ones.
-bool parseDimBindings(llvm::ArrayRef<std::string> specs,
-                      llvm::StringMap<int64_t> &bindings);
+/// The importer's flags, shared by `import` and `compile`: `--bind-dim
+/// NAME=V` (repeatable) and `--keep-shared-initializers`.
+struct ImportFlags {
+  explicit ImportFlags(llvm::cl::OptionCategory &category);
+  /// Sets the flags' fields of `options`; reports and fails on a malformed
+  /// `--bind-dim`.
+  bool fill(OnnxImportOptions &options) const;
+
+  llvm::cl::list<std::string> bindDims;
+  llvm::cl::opt<bool> keepShared;
+};
 
 /// Prints a frontend/driver diagnostic as `FILE: error: message`.
 void printDiagnostic(Diagnostic &diag);

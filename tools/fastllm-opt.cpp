@@ -30,9 +30,23 @@
 using namespace mlir;
 using namespace llvm;
 
-bool fastllm::parseDimBindings(ArrayRef<std::string> specs,
-                               StringMap<int64_t> &bindings) {
-  for (StringRef spec : specs) {
+fastllm::ImportFlags::ImportFlags(cl::OptionCategory &category)
+    : bindDims("bind-dim",
+               cl::desc("Bind the symbolic dim NAME to V (repeatable), e.g. "
+                        "batch=8"),
+               cl::value_desc("NAME=V"), cl::cat(category)),
+      keepShared("keep-shared-initializers",
+                 cl::desc("Keep the graph's literal sharing of initializers: "
+                          "an exporter's Identity copy of a weight stays that "
+                          "weight, a folded copy stays apart (default: each "
+                          "copy is a parameter of its own, a folded copy a "
+                          "view of its weight)"),
+                 cl::cat(category)) {}
+
+bool fastllm::ImportFlags::fill(OnnxImportOptions &options) const {
+  options.keepSharedInitializers = keepShared;
+  StringMap<int64_t> &bindings = options.dimBindings;
+  for (StringRef spec : bindDims) {
     auto [name, value] = spec.split('=');
     int64_t v;
     if (name.empty() || value.getAsInteger(10, v) || v <= 0) {
@@ -90,20 +104,11 @@ static int importMain(int argc, char **argv) {
   cl::opt<std::string> output("o", cl::desc("Output file (default: stdout)"),
                               cl::value_desc("file"), cl::init("-"),
                               cl::cat(category));
-  cl::list<std::string> bindDims(
-      "bind-dim",
-      cl::desc("Bind the symbolic dim NAME to V (repeatable), e.g. batch=8"),
-      cl::value_desc("NAME=V"), cl::cat(category));
+  fastllm::ImportFlags importFlags(category);
   cl::opt<bool> summary("summary",
                         cl::desc("Print a readable summary of the model "
                                  "(parameters, inputs, outputs, ops) first"),
                         cl::cat(category));
-  cl::opt<bool> keepShared(
-      "keep-shared-initializers",
-      cl::desc("Keep the graph's literal sharing of initializers: an "
-               "exporter's Identity copy of a weight stays that weight "
-               "(default: it becomes a parameter of its own)"),
-      cl::cat(category));
   cl::opt<bool> noIR("no-ir", cl::desc("Do not print the IR"),
                      cl::cat(category));
   cl::opt<bool> emitBytecode("emit-bytecode",
@@ -118,9 +123,8 @@ static int importMain(int argc, char **argv) {
       "in .onnxtext) to the model dialect, every shape static\n");
 
   fastllm::OnnxImportOptions options;
-  if (!fastllm::parseDimBindings(bindDims, options.dimBindings))
+  if (!importFlags.fill(options))
     return 1;
-  options.keepSharedInitializers = keepShared;
 
   fastllm::DriverContext driver;
   MLIRContext &context = driver.context;
