@@ -29,6 +29,7 @@
 
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <queue>
@@ -148,6 +149,9 @@ private:
   LogicalResult checkVersions(const onnx::ModelProto &model);
   LogicalResult importInitializers(onnx::GraphProto &graph);
   void tieFoldedCopies();
+  void nameFoldedWeights(const onnx::GraphProto &graph);
+  LogicalResult decideTrainable(const onnx::ModelProto &model,
+                                func::FuncOp forward);
   LogicalResult bindTokenDims(const onnx::GraphProto &graph);
   FailureOr<RankedTensorType> inputType(const onnx::ValueInfoProto &info);
   FailureOr<SmallVector<const onnx::NodeProto *>>
@@ -511,7 +515,7 @@ LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
       std::string *owned = bytes.release();
       AsmResourceBlob blob(
           data, width, [owned](void *, size_t, size_t) { delete owned; },
-          /*dataIsMutable=*/false);
+          /*dataIsMutable=*/true); // nameFoldedWeights transposes in place
       // Resource keys must be bare identifiers; the symbol keeps the real
       // name and the blob manager makes the key unique.
       std::string key = tname;
@@ -599,6 +603,221 @@ void GraphImporter::tieFoldedCopies() {
       break;
     }
   }
+}
+
+/// The PyTorch module path in an exporter's node name: `/h.0/c_attn/MatMul`
+/// is node MatMul of module `h.0.c_attn`. Empty when the node is not inside
+/// a module (`/MatMul`) or the name has no such form.
+static std::string modulePath(StringRef nodeName) {
+  if (!nodeName.consume_front("/"))
+    return {};
+  size_t last = nodeName.rfind('/');
+  if (last == StringRef::npos || last == 0)
+    return {};
+  std::string path = nodeName.take_front(last).str();
+  for (char &c : path)
+    if (c == '/')
+      c = '.';
+  return path;
+}
+
+/// Constant folding also replaces each `nn.Linear` weight of a 3-D matmul by
+/// its transpose under a generated name (`onnx::MatMul_N`): the PyTorch name
+/// and layout are gone from the file. Such a weight read only as the right
+/// operand of MatMul nodes of one module (`/h.0/c_attn/MatMul`) is named
+/// after that module (`h.0.c_attn.weight`) and stored in PyTorch's layout
+/// ([out, in], the transpose of what the graph reads), so weights files and
+/// checkpoints carry the names and shapes PyTorch's `load_state_dict`
+/// expects. The bytes are transposed in place. A weight whose module cannot
+/// be told, or whose would-be name is taken, keeps the exporter's name.
+void GraphImporter::nameFoldedWeights(const onnx::GraphProto &graph) {
+  llvm::StringMap<SmallVector<std::pair<const onnx::NodeProto *, int>>> readers;
+  for (const onnx::NodeProto &node : graph.node())
+    for (auto [i, in] : llvm::enumerate(node.input()))
+      if (StringRef(in).starts_with("onnx::"))
+        readers[in].push_back({&node, int(i)});
+  llvm::StringSet<> taken;
+  for (const onnx::TensorProto &t : graph.initializer())
+    taken.insert(t.name());
+  for (const onnx::NodeProto &node : graph.node())
+    for (const std::string &out : node.output())
+      taken.insert(out);
+  SmallVector<model::ParameterOp> params(module.getOps<model::ParameterOp>());
+  for (model::ParameterOp param : params) {
+    StringRef old = param.getSymName();
+    RankedTensorType type = param.getTensorType();
+    auto res =
+        dyn_cast_or_null<DenseResourceElementsAttr>(param.getInitialValueAttr());
+    if (!old.starts_with("onnx::") || type.getRank() != 2 || !res ||
+        !res.getRawHandle().getBlob())
+      continue;
+    auto it = readers.find(old);
+    if (it == readers.end())
+      continue;
+    std::string path;
+    bool ok = true;
+    for (auto [node, index] : it->second) {
+      std::string p = node->op_type() == "MatMul" && index == 1
+                          ? modulePath(node->name())
+                          : std::string();
+      ok &= !p.empty() && (path.empty() || p == path);
+      path = p;
+    }
+    std::string name = path + ".weight";
+    if (!ok || taken.contains(name) || module.lookupSymbol(name))
+      continue;
+    taken.insert(name);
+    // Transpose the bytes where they are (one scratch copy of this tensor).
+    int64_t rows = type.getDimSize(0), cols = type.getDimSize(1);
+    MutableArrayRef<char> bytes = res.getRawHandle().getBlob()->getMutableData();
+    size_t width = byteWidth(type.getElementType());
+    std::vector<char> scratch(bytes.begin(), bytes.end());
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        std::memcpy(&bytes[(j * rows + i) * width],
+                    &scratch[(i * cols + j) * width], width);
+    auto stored = RankedTensorType::get({cols, rows}, type.getElementType());
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointAfter(param);
+    auto renamed = builder.create<model::ParameterOp>(
+        NameLoc::get(builder.getStringAttr(name), fileLoc), name, stored,
+        DenseResourceElementsAttr::get(stored, res.getRawHandle()));
+    renamed->setAttr("model.folded_from", builder.getStringAttr(old));
+    ImportedValue view;
+    view.type = type;
+    view.parameter = name;
+    view.transposed = true;
+    values[old] = std::move(view);
+    param.erase();
+  }
+}
+
+/// True when the parameter's initial value holds an infinity or a NaN (an
+/// additive `-inf` attention mask, say): such a tensor is not a weight.
+static bool holdsNonFinite(model::ParameterOp p) {
+  auto res = dyn_cast_or_null<DenseResourceElementsAttr>(p.getInitialValueAttr());
+  AsmResourceBlob *blob = res ? res.getRawHandle().getBlob() : nullptr;
+  if (!blob)
+    return false;
+  ArrayRef<char> data = blob->getData();
+  Type t = p.getTensorType().getElementType();
+  auto all16 = [&](uint16_t exponent) {
+    for (size_t i = 0; i + 1 < data.size(); i += 2) {
+      uint16_t bits;
+      std::memcpy(&bits, &data[i], 2);
+      if ((bits & exponent) == exponent)
+        return true;
+    }
+    return false;
+  };
+  if (t.isF32()) {
+    for (size_t i = 0; i + 3 < data.size(); i += 4) {
+      float v;
+      std::memcpy(&v, &data[i], 4);
+      if (!std::isfinite(v))
+        return true;
+    }
+    return false;
+  }
+  if (t.isF64()) {
+    for (size_t i = 0; i + 7 < data.size(); i += 8) {
+      double v;
+      std::memcpy(&v, &data[i], 8);
+      if (!std::isfinite(v))
+        return true;
+    }
+    return false;
+  }
+  if (t.isF16())
+    return all16(0x7C00);
+  if (t.isBF16())
+    return all16(0x7F80);
+  return false;
+}
+
+/// Which float initializers are trained. PyTorch trains what
+/// `model.parameters()` lists and leaves buffers (masks, rotary tables, running
+/// statistics) alone, but the ONNX file stores both as initializers. The
+/// export helper (tools/fastllm_export.py) records the parameter names in the
+/// model's metadata; a name it lists as frozen is frozen, and any other
+/// initializer under a PyTorch name is a buffer. Whatever the exporter, an
+/// initializer is trained only if the loss depends on it differentiably (not
+/// only through comparisons, casts to integers or indices: PyTorch leaves
+/// such a parameter's gradient None and AdamW skips it, weight decay
+/// included) and it holds no infinity or NaN. Each constant keeps its reason
+/// (`model.constant_reason`) for the import summary; `--train` and
+/// `--freeze` override these decisions later.
+LogicalResult GraphImporter::decideTrainable(const onnx::ModelProto &model,
+                                             func::FuncOp forward) {
+  std::optional<llvm::StringSet<>> trainable;
+  llvm::StringSet<> frozen;
+  for (const onnx::StringStringEntryProto &kv : model.metadata_props()) {
+    bool isTrainable = kv.key() == kTrainableParametersKey;
+    if (!isTrainable && kv.key() != kFrozenParametersKey)
+      continue;
+    llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(kv.value());
+    const llvm::json::Array *names = parsed ? parsed->getAsArray() : nullptr;
+    if (!parsed)
+      llvm::consumeError(parsed.takeError());
+    llvm::StringSet<> &into =
+        isTrainable ? trainable.emplace() : frozen;
+    bool ok = names != nullptr;
+    for (size_t i = 0; ok && i < names->size(); ++i)
+      if (auto name = (*names)[i].getAsString())
+        into.insert(*name);
+      else
+        ok = false;
+    if (!ok)
+      return fileError() << "metadata '" << kv.key()
+                         << "' must be a JSON array of parameter names";
+  }
+
+  // Values the loss depends on differentiably: walk back from the return
+  // through float operands of ops with a float result.
+  auto isFloat = [](Value v) {
+    auto t = dyn_cast<RankedTensorType>(v.getType());
+    return t && isa<FloatType>(t.getElementType());
+  };
+  llvm::DenseSet<Value> needed;
+  Block &body = forward.getBody().front();
+  for (Value v : body.getTerminator()->getOperands())
+    if (isFloat(v))
+      needed.insert(v);
+  llvm::StringSet<> reached;
+  for (Operation &op : llvm::reverse(body.without_terminator())) {
+    if (!llvm::any_of(op.getResults(),
+                      [&](Value r) { return needed.contains(r); }))
+      continue;
+    if (auto get = dyn_cast<model::GetParameterOp>(op))
+      reached.insert(get.getName());
+    for (Value v : op.getOperands())
+      if (isFloat(v))
+        needed.insert(v);
+  }
+
+  for (auto param : module.getOps<model::ParameterOp>()) {
+    StringRef name = param.getSymName();
+    std::string reason;
+    // The list cannot name what the exporter named (a folded weight, renamed
+    // after its module or not): those are judged as without a list.
+    bool exporterNamed = name.starts_with("onnx::") ||
+                         param->hasAttr("model.folded_from");
+    if (frozen.contains(name))
+      reason = "frozen in PyTorch (requires_grad=False)";
+    else if (trainable && !trainable->contains(name) && !exporterNamed)
+      reason = "a buffer: not among the model's parameters in the exporter's "
+               "list";
+    else if (!reached.contains(name))
+      reason = "the loss does not depend on it differentiably (only through "
+               "comparisons, casts to integers or indices)";
+    else if (holdsNonFinite(param))
+      reason = "holds infinities or NaNs";
+    if (reason.empty())
+      continue;
+    param.setFrozen(true);
+    param->setAttr("model.constant_reason", builder.getStringAttr(reason));
+  }
+  return success();
 }
 
 LogicalResult GraphImporter::bindTokenDims(const onnx::GraphProto &graph) {
@@ -846,8 +1065,10 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
     module->setAttr("model.graph_name", builder.getStringAttr(graph.name()));
   if (failed(importInitializers(graph)))
     return nullptr;
-  if (!options.keepSharedInitializers)
+  if (!options.keepSharedInitializers) {
     tieFoldedCopies();
+    nameFoldedWeights(graph);
+  }
 
   if (failed(bindTokenDims(graph)))
     return nullptr;
@@ -957,6 +1178,9 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
                          << shapeString(param.getTensorType().getShape())
                          << "); a weight the model reads must have some",
              nullptr;
+
+  if (failed(decideTrainable(model, func)))
+    return nullptr;
 
   // Bound every tensor: a bound dim, an Expand or a Range could otherwise
   // ask for more elements than int64 counts (the plan would wrap around).

@@ -33,6 +33,13 @@ struct OnnxImportOptions {
   bool keepSharedInitializers = false;
 };
 
+/// ModelProto.metadata_props keys the export helper (tools/fastllm_export.py)
+/// writes: JSON arrays of the names of `model.named_parameters()` that are
+/// trained and that are frozen. When present, every other initializer under
+/// a PyTorch name is a buffer and is not trained.
+constexpr const char *kTrainableParametersKey = "fastllm.trainable_parameters";
+constexpr const char *kFrozenParametersKey = "fastllm.frozen_parameters";
+
 /// The most elements one tensor of an imported model may have (2^36: 256 GiB
 /// of fp32); beyond it element counts and byte sizes stop being meaningful.
 constexpr int64_t kMaxTensorElements = int64_t(1) << 36;

@@ -101,4 +101,33 @@ void mlir::fastllm::printModelSummary(ModuleOp module, llvm::raw_ostream &os) {
         os << "    " << cast<StringAttr>(v).getValue() << "(" << p.getSymName()
            << ")\n";
     }
+  header = false;
+  for (auto p : module.getOps<model::ParameterOp>())
+    if (auto from = p->getAttrOfType<StringAttr>("model.folded_from")) {
+      if (!header)
+        os << "  folded weights named after their module, stored in PyTorch's "
+              "layout (the transpose of what the graph reads):\n";
+      header = true;
+      os << "    " << p.getSymName() << " <- transpose(" << from.getValue()
+         << ")\n";
+    }
+  header = false;
+  for (auto p : module.getOps<model::ParameterOp>())
+    if (p.getSymName().starts_with("onnx::")) {
+      if (!header)
+        os << "  weights under the exporter's generated names (constant "
+              "folding lost their PyTorch names; export with "
+              "tools/fastllm_export.py to keep them):\n";
+      header = true;
+      os << "    " << p.getSymName() << "\n";
+    }
+  header = false;
+  for (auto p : module.getOps<model::ParameterOp>())
+    if (auto why = p->getAttrOfType<StringAttr>("model.constant_reason")) {
+      if (!header)
+        os << "  initializers kept constant, not trained (--train REGEX "
+              "trains them):\n";
+      header = true;
+      os << "    " << p.getSymName() << ": " << why.getValue() << "\n";
+    }
 }

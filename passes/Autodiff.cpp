@@ -39,16 +39,24 @@ private:
 } // namespace
 
 LogicalResult AutodiffPass::markFrozen(ModuleOp module) {
-  if (freeze.empty())
-    return success();
-  llvm::Regex regex(freeze);
-  std::string error;
-  if (!regex.isValid(error))
-    return module.emitError("invalid --freeze regex '")
-           << freeze << "': " << error;
-  for (auto param : module.getOps<ParameterOp>())
-    if (regex.match(param.getSymName()))
-      param.setFrozen(true);
+  // --train first, so that --freeze wins where both match.
+  for (auto [pattern, flag, value] :
+       {std::tuple{StringRef(train), "--train", false},
+        std::tuple{StringRef(freeze), "--freeze", true}}) {
+    if (pattern.empty())
+      continue;
+    llvm::Regex regex(pattern);
+    std::string error;
+    if (!regex.isValid(error))
+      return module.emitError("invalid ")
+             << flag << " regex '" << pattern << "': " << error;
+    for (auto param : module.getOps<ParameterOp>())
+      if (regex.match(param.getSymName())) {
+        param.setFrozen(value);
+        if (!value)
+          param->removeAttr("model.constant_reason");
+      }
+  }
   return success();
 }
 

@@ -12,14 +12,18 @@ def AutodiffPass : Pass<"fastllm-autodiff", "ModuleOp"> {
     `func.func @train_step`, which computes the loss, then the gradient of
     every trainable parameter, and adds each into the parameter's gradient
     accumulator with `model.accumulate_grad`. Trainable parameters are the
-    `model.parameter`s whose name the `freeze` regex does not match (it may
-    match anywhere in the name; anchor it with ^ and $); matched ones are
-    marked `frozen`. Every op between a trainable parameter and the loss must
+    `model.parameter`s not marked `frozen` (the importer freezes buffers and
+    initializers the loss does not depend on differentiably), plus those the
+    `train` regex matches, minus those the `freeze` regex matches (`freeze`
+    wins; both may match anywhere in the name: anchor them with ^ and $). Every op between a trainable parameter and the loss must
     implement GradientOpInterface. `@forward` is kept for evaluation.
   }];
   let options = [
     Option<"freeze", "freeze", "std::string", /*default=*/"\"\"",
            "Regex of parameter names to freeze (no gradient, no optimizer state)">,
+    Option<"train", "train", "std::string", /*default=*/"\"\"",
+           "Regex of parameter names to train even though the importer "
+           "froze them">,
   ];
   let dependentDialects = ["::mlir::fastllm::model::ModelDialect"];
 }

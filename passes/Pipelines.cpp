@@ -20,6 +20,7 @@ void mlir::fastllm::buildCpuTrainingPipeline(
     pm.addPass(createMixedPrecisionPass());
   AutodiffPassOptions autodiff;
   autodiff.freeze = options.freeze;
+  autodiff.train = options.train;
   pm.addPass(createAutodiffPass(autodiff));
   pm.addPass(createCSEPass());
   pm.addPass(createFoldTransposesPass());

@@ -19,6 +19,11 @@ struct TrainingPipelineOptions
   Option<std::string> freeze{*this, "freeze",
                              llvm::cl::desc("Regex of parameters to freeze"),
                              llvm::cl::init("")};
+  Option<std::string> train{
+      *this, "train",
+      llvm::cl::desc("Regex of parameters to train though the importer froze "
+                     "them"),
+      llvm::cl::init("")};
   Option<double> layersPerStage{*this, "layers-per-stage",
                                 llvm::cl::desc("Layers per stage"),
                                 llvm::cl::init(1.0)};

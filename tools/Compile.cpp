@@ -434,7 +434,15 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
       cl::init(1), cl::cat(category));
   cl::opt<std::string> freeze(
       "freeze",
-      cl::desc("Regex: parameters whose name it matches are not trained"),
+      cl::desc("Regex: parameters whose name it matches are not trained "
+               "(wins over --train)"),
+      cl::init(""), cl::cat(category));
+  cl::opt<std::string> train(
+      "train",
+      cl::desc("Regex: train the initializers it matches even where the "
+               "importer keeps them constant (buffers, tensors the loss does "
+               "not depend on differentiably, tensors holding inf/NaN); "
+               "`import --summary` lists those and why"),
       cl::init(""), cl::cat(category));
   cl::opt<bool> report("report",
                        cl::desc("Print the per-rank memory plan"),
@@ -553,6 +561,7 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
   PassManager pm(&context);
   mlir::fastllm::TrainingPipelineOptions pipeline;
   pipeline.freeze = freeze.getValue();
+  pipeline.train = train.getValue();
   pipeline.layersPerStage = layersPerStage.getValue();
   pipeline.dp = dp.getValue();
   pipeline.zeroStage = zeroStage.getValue();
