@@ -1,4 +1,4 @@
-//===- Fuse.cpp - recognise GELU, RMSNorm and SiLU -------------------------===//
+//===- Fuse.cpp - recognise GELU, RMSNorm, SiLU and causal attention ------===//
 //
 // Exporters spell these out as chains of elementwise ops whose operands come
 // in whatever order the model's Python wrote them. The patterns therefore
@@ -10,10 +10,15 @@
 #include "passes/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/DialectResourceBlobManager.h"
 #include "mlir/IR/PatternMatch.h"
+#include "mlir/IR/SymbolTable.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 
 #include <cmath>
+#include <functional>
+#include <memory>
 
 namespace mlir::fastllm {
 #define GEN_PASS_DEF_FUSEPASS
@@ -284,8 +289,427 @@ struct SiluPattern : OpRewritePattern<MulOp> {
   }
 };
 
-/// Causal attention: softmax(mask(scale * q k^T)) v, the mask keeping
-/// keys j <= i.
+//===----------------------------------------------------------------------===//
+// Compile-time values (attention masks)
+//===----------------------------------------------------------------------===//
+
+/// A tensor whose values are known at compile time, read one row (the last
+/// dimension; a rank-0 tensor is one row of one element) at a time. Nothing
+/// is materialised beyond a row per op, so a slice of a large buffer costs
+/// only the rows it keeps. Elements are doubles, which hold every f32, bool
+/// and integer below 2^53 exactly.
+class KnownTensor {
+public:
+  explicit KnownTensor(RankedTensorType type) : type(type) {}
+  virtual ~KnownTensor() = default;
+
+  ArrayRef<int64_t> shape() const { return type.getShape(); }
+  int64_t rowLength() const { return type.getRank() ? type.getShape().back() : 1; }
+
+  /// Reads the row at `outer` (one index per dim but the last) into `row`
+  /// (rowLength() elements); false when an element has no exact value.
+  virtual bool readRow(ArrayRef<int64_t> outer, MutableArrayRef<double> row) = 0;
+
+  RankedTensorType type;
+};
+
+using KnownPtr = std::unique_ptr<KnownTensor>;
+
+/// The row number of `outer` in `shape` (row-major over all dims but the last).
+int64_t rowIndex(ArrayRef<int64_t> shape, ArrayRef<int64_t> outer) {
+  int64_t index = 0;
+  for (size_t d = 0; d < outer.size(); ++d)
+    index = index * shape[d] + outer[d];
+  return index;
+}
+
+/// `value` rounded to the element type `t`, or nullopt when `t` cannot hold
+/// it (an integer out of range or with a fraction).
+std::optional<double> roundTo(Type t, double value) {
+  if (t.isInteger(1))
+    return value != 0 ? 1.0 : 0.0;
+  if (t.isF64())
+    return value;
+  if (t.isF32())
+    return double(float(value));
+  if (auto f = dyn_cast<FloatType>(t)) {
+    APFloat v(value);
+    bool lost;
+    v.convert(f.getFloatSemantics(), APFloat::rmNearestTiesToEven, &lost);
+    return v.convertToDouble();
+  }
+  auto i = dyn_cast<IntegerType>(t);
+  if (!i || value != std::trunc(value) || std::abs(value) >= 0x1p53)
+    return std::nullopt;
+  unsigned w = i.getWidth();
+  bool isUnsigned = i.isUnsigned();
+  double lo = isUnsigned ? 0.0 : -std::ldexp(1.0, w - 1);
+  double hi = std::ldexp(1.0, isUnsigned ? w : w - 1);
+  if (value < lo || value >= hi)
+    return std::nullopt;
+  return value;
+}
+
+/// The elements of a constant or of a parameter's initial value.
+class KnownElements : public KnownTensor {
+public:
+  KnownElements(RankedTensorType type, ElementsAttr value) : KnownTensor(type) {
+    Type element = type.getElementType();
+    if (auto res = dyn_cast<DenseResourceElementsAttr>(value)) {
+      AsmResourceBlob *blob = res.getRawHandle().getBlob();
+      size_t bytes = type.getNumElements() * sizeof(float);
+      if (element.isF32() && blob && blob->getData().size() == bytes)
+        floats = ArrayRef<float>(
+            reinterpret_cast<const float *>(blob->getData().data()),
+            type.getNumElements());
+      return;
+    }
+    dense = dyn_cast<DenseElementsAttr>(value);
+    if (!dense)
+      return;
+    if (element.isInteger(1)) {
+      auto values = dense.getValues<bool>();
+      read = [values](int64_t i) -> std::optional<double> { return values[i]; };
+    } else if (auto i = dyn_cast<IntegerType>(element)) {
+      auto values = dense.getValues<APInt>();
+      read = [values, isUnsigned = i.isUnsigned()](int64_t i) -> std::optional<double> {
+        APInt v = values[i];
+        if (isUnsigned ? v.getActiveBits() > 53 : v.getSignificantBits() > 53)
+          return std::nullopt;
+        return isUnsigned ? double(v.getZExtValue()) : double(v.getSExtValue());
+      };
+    } else if (isa<FloatType>(element)) {
+      auto values = dense.getValues<APFloat>();
+      read = [values](int64_t i) -> std::optional<double> {
+        return values[i].convertToDouble();
+      };
+    }
+  }
+
+  bool known() const { return !floats.empty() || read; }
+
+  bool readRow(ArrayRef<int64_t> outer, MutableArrayRef<double> row) override {
+    int64_t length = rowLength();
+    int64_t base = rowIndex(shape(), outer) * length;
+    if (!floats.empty()) {
+      for (int64_t j = 0; j < length; ++j)
+        row[j] = floats[base + j];
+      return true;
+    }
+    if (dense.isSplat())
+      base = 0, length = 1;
+    for (int64_t j = 0; j < length; ++j) {
+      std::optional<double> v = read(base + j);
+      if (!v)
+        return false;
+      row[j] = *v;
+    }
+    if (dense.isSplat())
+      std::fill(row.begin(), row.end(), row[0]);
+    return true;
+  }
+
+private:
+  ArrayRef<float> floats; // a parameter's f32 blob
+  DenseElementsAttr dense;
+  std::function<std::optional<double>(int64_t)> read;
+};
+
+/// Reads the row `outer` of `source` broadcast (NumPy rules) to `shape`.
+bool readBroadcast(KnownTensor &source, ArrayRef<int64_t> shape,
+                   ArrayRef<int64_t> outer, MutableArrayRef<double> row) {
+  ArrayRef<int64_t> from = source.shape();
+  int64_t lead = shape.size() - from.size();
+  SmallVector<int64_t> sourceOuter;
+  for (int64_t d = 0; d + 1 < (int64_t)from.size(); ++d)
+    sourceOuter.push_back(from[d] == 1 ? 0 : outer[d + lead]);
+  if (source.rowLength() == (int64_t)row.size())
+    return source.readRow(sourceOuter, row);
+  // The source's last dim is 1 (or it is a scalar): one element, repeated.
+  if (!source.readRow(sourceOuter, row.take_front()))
+    return false;
+  std::fill(row.begin(), row.end(), row[0]);
+  return true;
+}
+
+/// model.slice: each kept row is one row of the input, strided.
+class KnownSlice : public KnownTensor {
+public:
+  KnownSlice(SliceOp op, KnownPtr input)
+      : KnownTensor(typeOf(op.getResult())), input(std::move(input)),
+        start(op.getStart()), stride(op.getStride()),
+        inputRow(this->input->rowLength()) {}
+
+  bool readRow(ArrayRef<int64_t> outer, MutableArrayRef<double> row) override {
+    SmallVector<int64_t> inputOuter;
+    for (size_t d = 0; d < outer.size(); ++d)
+      inputOuter.push_back(start[d] + outer[d] * stride[d]);
+    if (!input->readRow(inputOuter, inputRow))
+      return false;
+    for (size_t j = 0; j < row.size(); ++j)
+      row[j] = inputRow[start.back() + j * stride.back()];
+    return true;
+  }
+
+private:
+  KnownPtr input;
+  SmallVector<int64_t> start, stride;
+  SmallVector<double> inputRow;
+};
+
+/// model.reshape: rows are runs of the input's row-major elements; the last
+/// input row read is kept, so reading rows in order reads each input row once.
+class KnownReshape : public KnownTensor {
+public:
+  KnownReshape(ReshapeOp op, KnownPtr input)
+      : KnownTensor(typeOf(op.getResult())), input(std::move(input)),
+        inputRow(this->input->rowLength()) {}
+
+  bool readRow(ArrayRef<int64_t> outer, MutableArrayRef<double> row) override {
+    int64_t length = rowLength(), inputLength = input->rowLength();
+    int64_t begin = rowIndex(shape(), outer) * length;
+    for (int64_t done = 0; done < length;) {
+      int64_t at = begin + done, r = at / inputLength, offset = at % inputLength;
+      if (r != cachedRow) {
+        // The outer index of input row r.
+        ArrayRef<int64_t> in = input->shape();
+        SmallVector<int64_t> inputOuter(in.empty() ? 0 : in.size() - 1);
+        for (int64_t d = (int64_t)inputOuter.size() - 1, rest = r; d >= 0; --d) {
+          inputOuter[d] = rest % in[d];
+          rest /= in[d];
+        }
+        if (!input->readRow(inputOuter, inputRow))
+          return false;
+        cachedRow = r;
+      }
+      int64_t n = std::min(length - done, inputLength - offset);
+      std::copy_n(inputRow.begin() + offset, n, row.begin() + done);
+      done += n;
+    }
+    return true;
+  }
+
+private:
+  KnownPtr input;
+  SmallVector<double> inputRow;
+  int64_t cachedRow = -1;
+};
+
+/// model.broadcast and the elementwise ops: `apply` maps the operands'
+/// elements (broadcast to the result) to the result's, nullopt when the
+/// result has no exact value.
+class KnownMap : public KnownTensor {
+public:
+  using Apply = std::function<std::optional<double>(ArrayRef<double>)>;
+  KnownMap(RankedTensorType type, SmallVector<KnownPtr> operands, Apply apply)
+      : KnownTensor(type), operands(std::move(operands)), apply(std::move(apply)),
+        rows(this->operands.size(), SmallVector<double>(rowLength())) {}
+
+  bool readRow(ArrayRef<int64_t> outer, MutableArrayRef<double> row) override {
+    for (auto [operand, operandRow] : llvm::zip(operands, rows))
+      if (!readBroadcast(*operand, shape(), outer, operandRow))
+        return false;
+    SmallVector<double, 3> args(operands.size());
+    for (size_t j = 0; j < row.size(); ++j) {
+      for (size_t k = 0; k < operands.size(); ++k)
+        args[k] = rows[k][j];
+      std::optional<double> v = apply(args);
+      if (!v)
+        return false;
+      row[j] = *v;
+    }
+    return true;
+  }
+
+private:
+  SmallVector<KnownPtr> operands;
+  Apply apply;
+  SmallVector<SmallVector<double>> rows;
+};
+
+/// Builds the compile-time value of `v`: a model.constant, a `frozen`
+/// parameter's initial value (a trainable one changes as it trains, so it is
+/// never known), or pure data movement and elementwise ops of those. Null
+/// when `v` is not known. `budget` bounds the ops visited (a DAG is read as
+/// a tree).
+KnownPtr buildKnown(Value v, int &budget) {
+  if (--budget < 0)
+    return nullptr;
+  auto type = dyn_cast<RankedTensorType>(v.getType());
+  Operation *op = v.getDefiningOp();
+  if (!type || !op || type.getNumElements() == 0)
+    return nullptr;
+  auto leaf = [&](ElementsAttr value) -> KnownPtr {
+    auto known = std::make_unique<KnownElements>(type, value);
+    return known->known() ? std::move(known) : nullptr;
+  };
+  if (auto c = dyn_cast<ConstantOp>(op))
+    return leaf(c.getValue());
+  if (auto get = dyn_cast<GetParameterOp>(op)) {
+    auto param = SymbolTable::lookupNearestSymbolFrom<ParameterOp>(get, get.getNameAttr());
+    if (!param || !param.getFrozen() || !param.getInitialValue())
+      return nullptr;
+    return leaf(*param.getInitialValue());
+  }
+
+  if (!isa<SliceOp, ReshapeOp, BroadcastOp, CastOp, NotOp, NegOp, AndOp, OrOp,
+           SelectOp, AddOp, SubOp, MulOp, CmpOp>(op) ||
+      (type.getRank() == 0 && isa<SliceOp>(op)))
+    return nullptr;
+  SmallVector<KnownPtr> operands;
+  for (Value operand : op->getOperands()) {
+    operands.push_back(buildKnown(operand, budget));
+    if (!operands.back())
+      return nullptr;
+  }
+  if (auto slice = dyn_cast<SliceOp>(op))
+    return std::make_unique<KnownSlice>(slice, std::move(operands[0]));
+  if (auto reshape = dyn_cast<ReshapeOp>(op))
+    return std::make_unique<KnownReshape>(reshape, std::move(operands[0]));
+
+  Type element = type.getElementType();
+  auto map = [&](KnownMap::Apply apply) -> KnownPtr {
+    return std::make_unique<KnownMap>(type, std::move(operands), std::move(apply));
+  };
+  // Arithmetic in double, rounded once to the result type: exact IEEE
+  // results for f32 (and narrower) +, - and *.
+  auto arith = [&](double (*f)(double, double)) {
+    return map([=](ArrayRef<double> x) { return roundTo(element, f(x[0], x[1])); });
+  };
+  if (isa<BroadcastOp>(op))
+    return map([](ArrayRef<double> x) { return x[0]; });
+  if (isa<CastOp>(op))
+    return map([=](ArrayRef<double> x) -> std::optional<double> {
+      // Float to integer truncates toward zero; to i1 is x != 0.
+      if (isa<IntegerType>(element) && !element.isInteger(1))
+        return std::isfinite(x[0]) ? roundTo(element, std::trunc(x[0])) : std::nullopt;
+      return roundTo(element, x[0]);
+    });
+  if (isa<NotOp>(op))
+    return map([](ArrayRef<double> x) { return x[0] == 0 ? 1.0 : 0.0; });
+  if (isa<NegOp>(op))
+    return map([=](ArrayRef<double> x) { return roundTo(element, -x[0]); });
+  if (isa<AndOp>(op))
+    return map([](ArrayRef<double> x) { return x[0] != 0 && x[1] != 0 ? 1.0 : 0.0; });
+  if (isa<OrOp>(op))
+    return map([](ArrayRef<double> x) { return x[0] != 0 || x[1] != 0 ? 1.0 : 0.0; });
+  if (isa<SelectOp>(op))
+    return map([](ArrayRef<double> x) { return x[0] != 0 ? x[1] : x[2]; });
+  if (isa<AddOp>(op))
+    return arith([](double a, double b) { return a + b; });
+  if (isa<SubOp>(op))
+    return arith([](double a, double b) { return a - b; });
+  if (isa<MulOp>(op))
+    return arith([](double a, double b) { return a * b; });
+  if (auto cmp = dyn_cast<CmpOp>(op)) {
+    CmpPredicate p = cmp.getPredicate();
+    return map([=](ArrayRef<double> x) -> std::optional<double> {
+      double a = x[0], b = x[1];
+      switch (p) {
+      case CmpPredicate::eq: return a == b;
+      case CmpPredicate::ne: return a != b;
+      case CmpPredicate::lt: return a < b;
+      case CmpPredicate::le: return a <= b;
+      case CmpPredicate::gt: return a > b;
+      case CmpPredicate::ge: return a >= b;
+      }
+      return std::nullopt;
+    });
+  }
+  return nullptr;
+}
+
+KnownPtr knownValue(Value v) {
+  int budget = 64;
+  return buildKnown(v, budget);
+}
+
+/// -inf, or a value so negative that exp() of it is 0 in float (float
+/// lowest, which Hugging Face models fill with). -1e9 and the like are not.
+bool isMaskedOut(double v) { return v <= -1e30; }
+
+/// How a causal mask enters the attention scores.
+enum class MaskForm {
+  Future,   ///< select(mask, fill, scores): mask true where key j > query i
+  Past,     ///< select(mask, scores, fill): mask true where j <= i
+  Additive, ///< scores + mask: mask 0 where j <= i, -inf where j > i
+};
+
+/// True if `mask` is known at compile time (knownValue) and, over the
+/// [t, t] it is broadcast to against scores [..., t, t] (its leading dims
+/// 1), is exactly the causal pattern in `form`. Reads t * t elements once.
+bool isCausalMask(Value mask, RankedTensorType scores, MaskForm form) {
+  ArrayRef<int64_t> shape = typeOf(mask).getShape();
+  int64_t rank = shape.size(), t = scores.getShape().back();
+  if (rank < 2 || rank > (int64_t)scores.getRank() || shape[rank - 1] != t ||
+      shape[rank - 2] != t || scores.getDimSize(scores.getRank() - 2) != t ||
+      llvm::any_of(shape.drop_back(2), [](int64_t d) { return d != 1; }))
+    return false;
+  KnownPtr known = knownValue(mask);
+  if (!known)
+    return false;
+  SmallVector<int64_t> outer(rank - 1, 0);
+  SmallVector<double> row(t);
+  for (int64_t i = 0; i < t; ++i) {
+    outer.back() = i;
+    if (!known->readRow(outer, row))
+      return false;
+    for (int64_t j = 0; j < t; ++j) {
+      bool keep = j <= i, set = row[j] != 0;
+      bool causal = form == MaskForm::Future ? set != keep
+                    : form == MaskForm::Past ? set == keep
+                    : keep ? row[j] == 0
+                           : isMaskedOut(row[j]);
+      if (!causal)
+        return false;
+    }
+  }
+  return true;
+}
+
+/// True if `v` is a single element (broadcast) known to be -inf-like.
+bool isFill(Value v) {
+  if (typeOf(v).getNumElements() != 1)
+    return false;
+  KnownPtr known = knownValue(v);
+  double value;
+  SmallVector<int64_t> outer(std::max<int64_t>(typeOf(v).getRank() - 1, 0), 0);
+  return known && known->readRow(outer, value) && isMaskedOut(value);
+}
+
+/// Scores and the mask applied to them, as matched in a softmax's input.
+struct MaskedScores {
+  Value scores, mask;
+  MaskForm form;
+};
+
+/// The ways `masked` may be scores with a mask applied: a select with an
+/// -inf-like fill, or an add (either operand may be the mask). The mask's
+/// values are not checked yet.
+SmallVector<MaskedScores, 2> maskedScores(Value masked) {
+  SmallVector<MaskedScores, 2> found;
+  RankedTensorType type = typeOf(masked);
+  if (auto select = masked.getDefiningOp<SelectOp>()) {
+    Value cond = select.getCondition();
+    if (typeOf(select.getOnFalse()) == type && isFill(select.getOnTrue()))
+      found.push_back({select.getOnFalse(), cond, MaskForm::Future});
+    else if (typeOf(select.getOnTrue()) == type && isFill(select.getOnFalse()))
+      found.push_back({select.getOnTrue(), cond, MaskForm::Past});
+  } else if (auto add = masked.getDefiningOp<AddOp>()) {
+    for (auto [scores, mask] : {std::pair{add.getLhs(), add.getRhs()},
+                                std::pair{add.getRhs(), add.getLhs()}})
+      if (typeOf(scores) == type)
+        found.push_back({scores, mask, MaskForm::Additive});
+  }
+  return found;
+}
+
+/// Causal attention: softmax(mask(scale * q k^T)) v, the mask keeping keys
+/// j <= i and known at compile time: a boolean mask selecting an -inf-like
+/// fill, or an additive mask of 0 and -inf. Masks are read through slices,
+/// reshapes, broadcasts, comparisons and casts of constants and of frozen
+/// parameters (a registered buffer such as nanoGPT's `bias`), never of a
+/// trainable parameter.
 struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
   using OpRewritePattern::OpRewritePattern;
   LogicalResult matchAndRewrite(MatmulOp root, PatternRewriter &rewriter) const override {
@@ -296,25 +720,21 @@ struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
     int64_t rank = typeOf(masked).getRank();
     if (rank < 2 || softmax.getDim() != rank - 1 || !masked.hasOneUse())
       return failure();
-    auto select = masked.getDefiningOp<SelectOp>();
-    if (!select)
-      return failure();
-    // Either select(future, fill, scores) or select(past, scores, fill).
-    Value scores;
-    bool maskIsFuture;
-    if (isFill(select.getOnTrue())) {
-      scores = select.getOnFalse();
-      maskIsFuture = true;
-    } else if (isFill(select.getOnFalse())) {
-      scores = select.getOnTrue();
-      maskIsFuture = false;
-    } else {
-      return failure();
+    for (auto [scores, mask, form] : maskedScores(masked)) {
+      auto qk = matchScaledProduct(scores);
+      // The mask is read last: the check costs t * t elements.
+      if (qk && isCausalMask(mask, typeOf(scores), form) &&
+          succeeded(rewrite(root, qk->first, qk->second, rewriter)))
+        return success();
     }
-    if (!scores.hasOneUse() || typeOf(scores) != typeOf(masked) ||
-        !isCausalMask(select.getCondition(), typeOf(scores), maskIsFuture))
-      return failure();
-    // Optional scaling of the scores.
+    return failure();
+  }
+
+  /// `scores` as scale * (q @ k^T) (the scale as a product or a division,
+  /// or none), each value with no other use: the product and the scale.
+  static std::optional<std::pair<MatmulOp, double>> matchScaledProduct(Value scores) {
+    if (!scores.hasOneUse())
+      return std::nullopt;
     double scale = 1.0;
     Value qk = scores;
     if (auto mul = scores.getDefiningOp<MulOp>()) {
@@ -332,10 +752,18 @@ struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
       }
     }
     if (qk != scores && !qk.hasOneUse())
-      return failure();
+      return std::nullopt;
     auto matmul = qk.getDefiningOp<MatmulOp>();
-    if (!matmul)
-      return failure();
+    if (!matmul || matmul.getTransposeLhs() || matmul.getTransposeRhs())
+      return std::nullopt;
+    return std::pair{matmul, scale};
+  }
+
+  /// Replaces `root` (softmax(...) @ v) by model.causal_attention of q and
+  /// k, from `matmul` = q @ k^T, when the shapes are attention's.
+  static LogicalResult rewrite(MatmulOp root, MatmulOp matmul, double scale,
+                               PatternRewriter &rewriter) {
+    int64_t rank = typeOf(root.getLhs()).getRank();
     Value q = matmul.getLhs(), kt = matmul.getRhs(), v = root.getRhs();
     RankedTensorType qType = typeOf(q), ktType = typeOf(kt), vType = typeOf(v);
     if (qType.getRank() != rank || ktType.getRank() != rank ||
@@ -371,33 +799,6 @@ struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
         loc, root.getType(), lseType, q, k, v, rewriter.getF32FloatAttr(scale));
     rewriter.replaceOp(root, attention.getResult());
     return success();
-  }
-
-  /// -inf, or a value so negative that exp() of it is 0 in float.
-  static bool isFill(Value v) {
-    std::optional<double> c = splatValue(v);
-    return c && *c <= -1e30;
-  }
-
-  /// `cond` is a constant [.., t, t] (leading dims 1) that is true exactly
-  /// where key j > query i (future) or j <= i (past).
-  static bool isCausalMask(Value cond, RankedTensorType scores, bool future) {
-    auto c = cond.getDefiningOp<ConstantOp>();
-    auto dense = c ? dyn_cast<DenseElementsAttr>(c.getValue()) : nullptr;
-    if (!dense || !dense.getElementType().isInteger(1))
-      return false;
-    ArrayRef<int64_t> shape = typeOf(cond).getShape();
-    int64_t t = scores.getShape().back();
-    if (shape.size() < 2 || shape.back() != t || shape[shape.size() - 2] != t ||
-        scores.getDimSize(scores.getRank() - 2) != t ||
-        llvm::any_of(shape.drop_back(2), [](int64_t d) { return d != 1; }))
-      return false;
-    auto values = dense.getValues<bool>();
-    for (int64_t i = 0; i < t; ++i)
-      for (int64_t j = 0; j < t; ++j)
-        if (values[i * t + j] != (future ? j > i : j <= i))
-          return false;
-    return true;
   }
 };
 
