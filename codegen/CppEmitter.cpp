@@ -16,6 +16,7 @@
 #include "ir/ModelDialect.h"
 #include "passes/MemoryPlan.h"
 #include "runtime/OutputFile.h"
+#include "runtime/Philox.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Traits.h"
@@ -139,6 +140,7 @@ private:
   std::string constants;
   std::string constantPointers; ///< CUDA: the step's pointers to them
   std::optional<MemoryPlan> plan; ///< the module's, read once
+  int64_t microBatch = 1; ///< samples per micro-batch: the tokens' rows
   llvm::StringMap<std::string> functors; ///< signature and body -> name
   std::string functorDefs;
   llvm::StringMap<int> paramIndex; ///< parameter symbol -> index in kParams
@@ -846,6 +848,38 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
            << product(out.drop_front(dim + 1)) << ");\n  }\n";
         return success();
       })
+      .Case<DropoutOp>([&](DropoutOp o) -> LogicalResult {
+        // The mask is keyed by sample: the input's leading dim must hold
+        // whole samples, the batch first (a [B, ...] activation, or [B * T,
+        // ...] flattened), so that each sample's elements are the same
+        // whatever the micro-batch is.
+        ArrayRef<int64_t> s = shapeOf(o.getInput());
+        int64_t n = product(s);
+        if (s.empty() || s[0] % microBatch != 0)
+          return o.emitOpError("input's leading dimension (shape ")
+                 << tensorType(o.getInput())
+                 << ") is not a multiple of the micro-batch " << microBatch
+                 << ": dropout keys its mask by sample and needs the batch "
+                    "as the leading dimension",
+                 failure();
+        int64_t perSample = n / microBatch;
+        if ((perSample + 3) / 4 > int64_t(UINT32_MAX))
+          return o.emitOpError("has ") << perSample
+                 << " elements per sample; at most 2^34 are supported",
+                 failure();
+        if (failed(bindAll()))
+          return failure();
+        float ratio = o.getRatio().convertToFloat();
+        os << "  dropout(" << name(o.getResult()) << ", "
+           << name(o.getInput()) << ", "
+           << (splats.count(o.getInput()) ? "true" : "false") << ", " << n
+           << ", " << perSample << ", " << o.getSite() << "u, "
+           << llvm::format_hex(::fastllm::rt::dropoutThreshold(ratio), 10)
+           << "u, "
+           << llvm::format("%.9e", ::fastllm::rt::dropoutScale(ratio))
+           << "f, context->seed, context->step, context->firstSample);\n";
+        return success();
+      })
       .Case<CausalAttentionOp>([&](CausalAttentionOp o) -> LogicalResult {
         if (failed(bindAll()))
           return failure();
@@ -890,6 +924,8 @@ LogicalResult CpuEmitter::emit() {
   std::string planText = std::move(text);
   text.clear();
 
+  microBatch = std::max<int64_t>(
+      1, tensorType(step.getArgument(plan->tokensArg)).getDimSize(0));
   // The step's body first: it decides which functors exist.
   for (auto [arg, offset] : {std::pair{plan->tokensArg, plan->tokensOffset},
                              std::pair{plan->targetsArg, plan->targetsOffset}}) {
@@ -917,8 +953,9 @@ LogicalResult CpuEmitter::emit() {
       << constants << "\n"
       << functorDefs << "} // namespace\n\n"
       << "extern \"C\" const PlanInfo *fastllm_plan() { return &kPlan; }\n\n"
-      << "extern \"C\" float fastllm_step(char *arena, const Collectives *comm) {\n"
-      << "  (void)comm;\n"
+      << "extern \"C\" float fastllm_step(char *arena, const Collectives *comm,\n"
+      << "                              const StepContext *context) {\n"
+      << "  (void)comm;\n  (void)context;\n"
       << constantPointers << text << "}\n";
   return success();
 }

@@ -403,8 +403,23 @@ static FailureOr<double> hostScalar(NodeImporter &n, unsigned i,
   return (*t)->getDouble(0);
 }
 
+/// The dropout site of a node: the 32-bit FNV-1a hash of its output's name,
+/// which every compile of the same ONNX file gives the same value whatever
+/// else the graph holds (test/e2e/dropout.py computes it too).
+static int64_t dropoutSite(StringRef outputName) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : outputName) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return h;
+}
+
 /// Dropout is the identity in eval mode and, in any mode, with ratio 0 (what
-/// `nn.Dropout(p)` modules export in training mode with p = 0).
+/// `nn.Dropout(p)` modules export in training mode with p = 0). A real ratio
+/// in training mode becomes model.dropout, whose mask is keyed by the run's
+/// seed, the step, the sample and this node's site (runtime/Philox.h). The
+/// optional mask output, when read, is computed from the same key.
 static LogicalResult convertDropout(NodeImporter &n) {
   bool training = false;
   if (n.hasInput(2)) {
@@ -413,8 +428,8 @@ static LogicalResult convertDropout(NodeImporter &n) {
       return failure();
     training = *mode != 0;
   }
+  double ratio = 0.5; // ONNX's default
   if (training) {
-    double ratio = 0.5; // ONNX's default
     if (n.hasInput(1)) {
       auto r = hostScalar(n, 1, "ratio");
       if (failed(r))
@@ -423,17 +438,41 @@ static LogicalResult convertDropout(NodeImporter &n) {
     }
     char text[32];
     std::snprintf(text, sizeof text, "%g", ratio);
-    if (!(ratio >= 0 && ratio < 1))
+    // The op carries the ratio as an f32: the check is on that value, so a
+    // ratio just below 1 that rounds to 1 is refused here too.
+    if (!(ratio >= 0 && ratio < 1 && float(ratio) < 1.0f))
       return n.error() << "ratio must be in [0, 1), got " << text;
-    if (ratio != 0)
-      return n.error() << "dropout with ratio " << text
-                       << " in training mode is not supported yet; set the "
-                          "model's dropout probabilities to 0 before "
-                          "exporting in training mode";
   }
-  if (n.outputUsed(1))
-    return n.error() << "the dropout mask output is not supported";
-  n.forwardInput(0, 0);
+  OpBuilder &b = n.getBuilder();
+  RankedTensorType type = n.inputType(0);
+  auto maskType = tensorOf(type.getShape(), b.getI1Type());
+  if (!training || ratio == 0) {
+    n.forwardInput(0, 0);
+    // Nothing is dropped: the mask is all true (a splat, whatever the size).
+    if (n.outputUsed(1))
+      n.setOutput(1, b.create<m::ConstantOp>(
+                         n.getLoc(), DenseElementsAttr::get(
+                                         maskType, b.getBoolAttr(true))));
+    return success();
+  }
+  if (failed(n.requireFloat(0)))
+    return failure();
+  FloatAttr ratioAttr = b.getF32FloatAttr(float(ratio));
+  IntegerAttr site = b.getI64IntegerAttr(dropoutSite(n.getNode().output(0)));
+  n.setOutput(0, n.create<m::DropoutOp>(type, n.operand(0), ratioAttr, site));
+  if (n.outputUsed(1)) {
+    // The mask is where the same dropout keeps a one: dropout(1) != 0, the
+    // same site drawing the same words as the output's.
+    Type et = type.getElementType();
+    Value ones = b.create<m::ConstantOp>(
+        n.getLoc(), DenseElementsAttr::get(type, b.getFloatAttr(et, 1.0)));
+    Value kept = n.create<m::DropoutOp>(type, ones, ratioAttr, site);
+    Value zero = b.create<m::ConstantOp>(
+        n.getLoc(), DenseElementsAttr::get(tensorOf({}, et),
+                                           b.getFloatAttr(et, 0.0)));
+    n.setOutput(1, n.create<m::CmpOp>(maskType, m::CmpPredicate::ne, kept,
+                                      zero));
+  }
   return success();
 }
 

@@ -414,6 +414,22 @@ LogicalResult CastOp::verify() {
   return success();
 }
 
+LogicalResult DropoutOp::verify() {
+  // Ratio 1 would drop everything and scale by infinity; a NaN compares
+  // false everywhere. The site is a 32-bit word of the mask's counter.
+  APFloat ratio = getRatioAttr().getValue();
+  if (!ratio.isFinite() || ratio.isNegative() ||
+      ratio.compare(APFloat(ratio.getSemantics(), 1)) != APFloat::cmpLessThan) {
+    SmallString<16> text;
+    ratio.toString(text);
+    return emitOpError("ratio must be in [0, 1), got ") << text;
+  }
+  int64_t site = getSiteAttr().getInt();
+  if (site < 0 || site > int64_t(UINT32_MAX))
+    return emitOpError("site must be in [0, 2^32), got ") << site;
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // Reductions and normalisation
 //===----------------------------------------------------------------------===//

@@ -476,6 +476,18 @@ LogicalResult CastOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   return success();
 }
 
+LogicalResult DropoutOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
+                                        SmallVectorImpl<Value> &og) {
+  // dx = dy * mask / (1 - p): the same dropout, site and all, of the
+  // gradient. The mask is regenerated from its key, so the forward keeps
+  // nothing for the backward but the graph itself.
+  resetGrads(*this, og);
+  if (rg[0])
+    og[0] = b.create<DropoutOp>(getLoc(), rg[0].getType(), rg[0],
+                                getRatioAttr(), getSiteAttr());
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // Reductions, normalisation, losses
 //===----------------------------------------------------------------------===//

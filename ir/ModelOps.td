@@ -190,6 +190,37 @@ def Model_GeluOp : Model_Op<"gelu", [Pure, Model_Pointwise, Differentiable,
   let assemblyFormat = "$input `approximate` $approximate attr-dict `:` type($result)";
 }
 
+def Model_DropoutOp : Model_Op<"dropout", [Pure, Differentiable,
+                                         SameOperandsAndResultType]> {
+  let summary = "training-mode dropout with a counter-based mask";
+  let description = [{
+    Each element is kept with probability `1 - ratio` and scaled by
+    `1 / (1 - ratio)`, or zeroed. The mask is not an operand: it is a pure
+    function of the run's seed, the step, the element's global sample (the
+    input's leading dimension is the batch, or the batch flattened with the
+    dims after it), the `site` and the element's index within its sample
+    (runtime/Philox.h). So a sample draws the same mask whatever the data
+    parallelism or micro-batching, and the gradient, the same op with the
+    same site applied to the result's gradient, regenerates the forward's
+    mask instead of storing it.
+
+    The importer gives every ONNX Dropout its own site: the FNV-1a hash of
+    the node's output name. Pure is right within one step (the same input
+    and site give the same result); the op is not Model_Pointwise because
+    its value depends on the element's position, which fused functors do
+    not see.
+
+    ```mlir
+    %r = model.dropout %x ratio 1.000000e-01 site 7 : tensor<2x8x64xf32>
+    ```
+  }];
+  let arguments = (ins Model_FloatTensor:$input, F32Attr:$ratio,
+                       I64Attr:$site);
+  let results = (outs Model_FloatTensor:$result);
+  let assemblyFormat = "$input `ratio` $ratio `site` $site attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Linear algebra and data movement
 //===----------------------------------------------------------------------===//

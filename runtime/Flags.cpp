@@ -162,7 +162,9 @@ const Flag kFlags[] = {
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
        return parseInt(f, v, 1, o.gradAccum);
      }},
-    {"seed", "N", "0", "seed of the random sampler",
+    {"seed", "N", "0",
+     "seed of the random sampler and of dropout masks (a sample's masks "
+     "do not depend on --dp or --grad-accum)",
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
        int64_t seed;
        Status s = parseInt(f, v, 0, seed);

@@ -25,8 +25,10 @@
 //   targets     int64 [batch, seq]     the micro-batch's target token ids
 //   the rest    activations and temporaries, shared by liveness
 //
-// `fastllm_step(arena, comm)` runs forward and backward on the micro-batch in
-// the arena and returns its loss (mean over its batch*seq tokens). ZeRO-1:
+// `fastllm_step(arena, comm, context)` runs forward and backward on the
+// micro-batch in the arena and returns its loss (mean over its batch*seq
+// tokens). `context` says which step and samples the micro-batch is, which
+// keys the random ops (dropout: runtime/Philox.h). ZeRO-1:
 // it ADDS d(loss)/d(param) into `grads` (the runtime zeroes them before a
 // step's first micro-batch), and after the step's micro-batches the runtime
 // reduce-scatters each stage's gradients into the shard (the mean over dp
@@ -48,7 +50,7 @@
 
 namespace fastllm::rt {
 
-constexpr int32_t kAbiVersion = 4;
+constexpr int32_t kAbiVersion = 5;
 constexpr int kMaxRank = 8;
 
 struct ParamInfo {
@@ -155,13 +157,25 @@ struct Collectives {
   void (*wait)(void *context, int32_t request);
 };
 
+/// What a step's random ops are keyed by, so that a sample draws the same
+/// dropout masks whatever the data parallelism, micro-batching or ZeRO stage
+/// (runtime/Philox.h): row i of the micro-batch is global sample
+/// `firstSample + i` of the step (Sampler::sampleIndex; samples of a
+/// micro-batch are consecutive).
+struct StepContext {
+  uint64_t seed;       ///< the run's --seed
+  int64_t step;        ///< 0-based optimizer step
+  int64_t firstSample; ///< global index in the step's batch of row 0
+};
+
 } // namespace fastllm::rt
 
 extern "C" {
 /// The plan of the model this binary was compiled for.
 const fastllm::rt::PlanInfo *fastllm_plan();
 /// One forward+backward over the micro-batch in the arena (see above).
-float fastllm_step(char *arena, const fastllm::rt::Collectives *comm);
+float fastllm_step(char *arena, const fastllm::rt::Collectives *comm,
+                   const fastllm::rt::StepContext *context);
 }
 
 #endif // FASTLLM_RUNTIME_MODELABI_H

@@ -430,7 +430,11 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     double lossSum = 0;
     for (int64_t micro = 0; micro < opts.gradAccum; ++micro) {
       fillMicroBatch(*data, sampler, s, rank, micro, tokens, targets);
-      lossSum += step(arena->get(), zero.collectives());
+      // Dropout's masks are keyed by the samples, not by rank or
+      // micro-batch: dp, --grad-accum and ZeRO stage do not change them.
+      const StepContext context = {opts.seed, s,
+                                   sampler.sampleIndex(rank, micro, 0)};
+      lossSum += step(arena->get(), zero.collectives(), &context);
       synchronizeDevice();
     }
     if (dp > 1) {

@@ -26,8 +26,11 @@ namespace fastllm::rt {
 
 /// fastllm_step's signature: forward+backward of the micro-batch in the
 /// arena, adding into its gradients (ZeRO-1) or reducing them through
-/// `comm` (ZeRO-2/3), returning the micro-batch loss.
-using StepFunction = float (*)(char *arena, const Collectives *comm);
+/// `comm` (ZeRO-2/3), returning the micro-batch loss. `context` keys its
+/// random ops: the run's seed, the step and the micro-batch's first global
+/// sample.
+using StepFunction = float (*)(char *arena, const Collectives *comm,
+                               const StepContext *context);
 
 /// How a run that returned success ended.
 struct RunOutcome {

@@ -32,8 +32,8 @@ SKIP  only for a reason the importer states itself, recognised from its error
       supported range, an element type the importer has no mapping for
       (uint8, string, ...) or a non-tensor (sequence, optional) input, or a
       feature a converter documents as unsupported
-      (dropout training mode / mask output, loss class weights, negative-step
-      slices of runtime tensors, LayerNormalization's Mean/InvStdDev outputs).
+      (loss class weights, negative-step slices of runtime tensors,
+      LayerNormalization's Mean/InvStdDev outputs).
 
 Two adaptations make the node tests fit a static-shape importer; both are
 driven by the importer's own error messages, never by a list of test names:
@@ -48,8 +48,7 @@ driven by the importer's own error messages, never by a list of test names:
   retried, as often as needed. Such tests are still PASS/FAIL; the frozen
   inputs are shown with ``-v``.
 * Unsupported optional outputs. When the importer rejects an optional output
-  (``the dropout mask output is not supported``, ``the Mean and InvStdDev
-  outputs are not supported``), the test is SKIP, but the remaining outputs
+  (``the Mean and InvStdDev outputs are not supported``), the test is SKIP, but the remaining outputs
   are still checked on a copy of the model whose graph no longer lists the
   rejected ones: if that reduced import fails or gives a wrong type the test
   is a FAIL instead, since those outputs are supported.
@@ -117,9 +116,7 @@ SKIP_PATTERNS = [
      "non-tensor (sequence/optional) input unsupported"),
     # OnnxImporter.cpp tensorProtoType / inputType, Converters.cpp convertCast
     (r"unsupported element type (\w+)", "element type {0} unsupported"),
-    # Converters.cpp convertDropout, convertLoss, convertSlice
-    (r"dropout with ratio [0-9.e+-]+ in training mode is not supported",
-     "dropout training mode unsupported"),
+    # Converters.cpp convertLoss, convertSlice
     (r"class weights are not supported", "loss class weights unsupported"),
     (r"negative steps are only supported on values known at import time",
      "negative-step slice of a runtime tensor unsupported"),
@@ -128,8 +125,6 @@ SKIP_PATTERNS = [
 # Optional outputs a converter rejects: (regex, reason, output indices). The
 # test is SKIP; the other outputs are still checked (see the docstring).
 UNSUPPORTED_OUTPUT_PATTERNS = [
-    (r"the dropout mask output is not supported",
-     "dropout mask output unsupported", (1,)),
     (r"the Mean and InvStdDev outputs are not supported",
      "LayerNormalization Mean/InvStdDev outputs unsupported", (1, 2)),
 ]

@@ -38,6 +38,8 @@
 #include <omp.h>
 #endif
 
+#include "runtime/Philox.h"
+
 namespace fastllm::rt::cpu {
 
 //===----------------------------------------------------------------------===//
@@ -453,6 +455,39 @@ template <typename T> void addInto(T *acc, const T *x, int64_t n) {
   parallelFor(n, n, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
       acc[i] += x[i];
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Dropout
+//===----------------------------------------------------------------------===//
+
+/// out[i] = keep ? in[i] * scale : 0 over n elements, viewed as n / perSample
+/// samples of perSample elements; row r is global sample firstSample + r.
+/// keep is the Philox word of (seed, step, sample, site, index within the
+/// sample) >= threshold (runtime/Philox.h): a pure function of the element's
+/// place, so the backward (the same call on the gradient) regenerates the
+/// mask. `in` is one element read for all when `splatInput`. The words are
+/// made four at a time, one Philox call per group of four elements.
+template <typename T>
+void dropout(T *out, const T *in, bool splatInput, int64_t n,
+             int64_t perSample, uint32_t site, uint32_t threshold, float scale,
+             uint64_t seed, int64_t step, int64_t firstSample) {
+  if (n <= 0 || perSample <= 0)
+    return;
+  const int64_t groups = (perSample + 3) / 4;
+  parallelFor(n / perSample * groups, n, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t sample = g / groups, group = g % groups;
+      Philox4x32 words =
+          dropoutWords(seed, step, firstSample + sample, site, group);
+      const int64_t base = sample * perSample + group * 4;
+      const int64_t count = std::min<int64_t>(4, perSample - group * 4);
+      for (int64_t k = 0; k < count; ++k) {
+        T x = in[splatInput ? 0 : base + k];
+        out[base + k] = words.v[k] >= threshold ? T(x * scale) : T(0);
+      }
+    }
   });
 }
 

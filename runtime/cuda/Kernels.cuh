@@ -67,6 +67,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "runtime/Philox.h"
+
 namespace fastllm::rt::cuda {
 
 //===----------------------------------------------------------------------===//
@@ -513,6 +515,28 @@ __global__ void elementwiseKernel(Out *out, F f, ElementwiseLayout<N> layout,
   }
 }
 
+/// One thread per group of four elements of one sample: see dropout.
+template <typename T>
+__global__ void dropoutKernel(T *out, const T *in, bool splatInput,
+                              int64_t perSample, int64_t groups,
+                              int64_t totalGroups, uint32_t site,
+                              uint32_t threshold, float scale, uint64_t seed,
+                              int64_t step, int64_t firstSample) {
+  for (int64_t g = globalThread(); g < totalGroups; g += gridThreads()) {
+    const int64_t sample = g / groups, group = g % groups;
+    const Philox4x32 words =
+        dropoutWords(seed, step, firstSample + sample, site, group);
+    const int64_t base = sample * perSample + group * 4;
+    const int64_t count = perSample - group * 4 < 4 ? perSample - group * 4 : 4;
+    for (int k = 0; k < 4; ++k)
+      if (k < count) {
+        ComputeType<T> x = widen(in[splatInput ? 0 : base + k]);
+        out[base + k] = static_cast<T>(
+            words.v[k] >= threshold ? x * scale : ComputeType<T>(0));
+      }
+  }
+}
+
 template <typename T> __global__ void fillKernel(T *out, int64_t n, T value) {
   for (int64_t i = globalThread(); i < n; i += gridThreads())
     out[i] = value;
@@ -647,6 +671,24 @@ template <typename T> void fill(T *out, int64_t n, detail::NoDeduce<T> value) {
   detail::LaunchConfig launch = detail::gridFor(n);
   detail::fillKernel<<<launch.blocks, launch.threads, 0, stream()>>>(out, n,
                                                                      value);
+  FASTLLM_CUDA_CHECK(cudaGetLastError());
+}
+
+/// out[i] = keep ? in[i] * scale : 0, the mask keyed by (seed, step,
+/// firstSample + i / perSample, site, i % perSample) as on the CPU
+/// (runtime/Philox.h), so both targets draw the same masks. T is float,
+/// double or __nv_bfloat16 (computed in float, rounded once).
+template <typename T>
+void dropout(T *out, const T *in, bool splatInput, int64_t n,
+             int64_t perSample, uint32_t site, uint32_t threshold, float scale,
+             uint64_t seed, int64_t step, int64_t firstSample) {
+  if (n <= 0 || perSample <= 0)
+    return;
+  const int64_t groups = (perSample + 3) / 4, total = n / perSample * groups;
+  detail::LaunchConfig launch = detail::gridFor(total);
+  detail::dropoutKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+      out, in, splatInput, perSample, groups, total, site, threshold, scale,
+      seed, step, firstSample);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -23,6 +23,7 @@ int64_t paddingViolations = 0;
 std::vector<int64_t> nanCalls;
 int64_t calls = 0, signalCall = -1;
 int signalToRaise = 0;
+std::vector<StepContext> contexts;
 
 int64_t alignUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -105,9 +106,15 @@ void fake::scheduleFaults(std::vector<int64_t> nanGradient, int64_t signalAt,
   signalToRaise = signal;
 }
 
+std::vector<StepContext> fake::takeStepContexts() {
+  return std::exchange(contexts, {});
+}
+
 extern "C" const PlanInfo *fastllm_plan() { return &plan; }
 
-extern "C" float fastllm_step(char *arena, const Collectives *) {
+extern "C" float fastllm_step(char *arena, const Collectives *,
+                              const StepContext *context) {
+  contexts.push_back(*context);
   const float *p = reinterpret_cast<const float *>(arena + plan.paramsOffset);
   float *g = reinterpret_cast<float *>(arena + plan.gradsOffset);
   const int64_t *tokens =

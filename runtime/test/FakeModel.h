@@ -58,6 +58,9 @@ int64_t takePaddingViolations();
 void scheduleFaults(std::vector<int64_t> nanGradient, int64_t signalAt = -1,
                     int signal = 0);
 
+/// The StepContext of every fastllm_step call since the last take, in order.
+std::vector<fastllm::rt::StepContext> takeStepContexts();
+
 } // namespace fake
 
 #endif // FASTLLM_RUNTIME_TEST_FAKEMODEL_H

@@ -338,8 +338,17 @@ void testZero(Communicator &comm) {
   sharded.saveWeightsPath = dir + "/dp.safetensors";
   sharded.dumpGradsPath = dir + "/dp-grads.safetensors";
   fake::takePaddingViolations();
+  fake::takeStepContexts();
   CHECK_OK(train(*fastllm_plan(), fastllm_step, sharded, comm, nullptr));
   CHECK(fake::takePaddingViolations() == 0);
+  // Dropout's key: rank r's micro-batch m starts at global sample
+  // r * A * B + m * B of the step, whatever the rank count.
+  std::vector<StepContext> contexts = fake::takeStepContexts();
+  CHECK(int64_t(contexts.size()) == opts.steps * A);
+  for (size_t i = 0; i < contexts.size(); ++i)
+    CHECK(contexts[i].step == int64_t(i) / A &&
+          contexts[i].firstSample ==
+              comm.rank() * A * B + (int64_t(i) % A) * B);
   comm.barrier();
 
   if (comm.rank() == 0) {

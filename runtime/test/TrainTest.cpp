@@ -250,6 +250,28 @@ TEST_F(TrainTest, GradAccumulationAveragesMicroBatches) {
   }
 }
 
+TEST_F(TrainTest, StepContextNamesTheSeedStepAndGlobalSamples) {
+  // What dropout is keyed by: every micro-batch of B = 2 gets the run's
+  // seed, the 0-based step and its first sample's index in the global batch
+  // (consecutive micro-batches: 0, 2, 4), the same on every step.
+  std::vector<uint16_t> ids = randomTokens(101, 6);
+  writeTokens(dir.file("tokens.u16"), ids);
+  writeWeights(dir.file("init.safetensors"), 6);
+  Options opts = options(2, 0.01);
+  opts.gradAccum = 3;
+  opts.seed = 0x123456789abcdefull;
+  takeStepContexts();
+  Status s = train(plan(), fastllm_step, opts, testComm(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<StepContext> got = takeStepContexts();
+  ASSERT_EQ(got.size(), 6u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].seed, opts.seed) << i;
+    EXPECT_EQ(got[i].step, int64_t(i / 3)) << i;
+    EXPECT_EQ(got[i].firstSample, int64_t(i % 3) * 2) << i;
+  }
+}
+
 TEST_F(TrainTest, DumpsOnlyTheFirstStepsGradients) {
   std::vector<uint16_t> ids = randomTokens(101, 4);
   writeTokens(dir.file("tokens.u16"), ids);
