@@ -621,6 +621,23 @@ static std::string modulePath(StringRef nodeName) {
   return path;
 }
 
+/// True when the components of `scope` appear in order in `path`, the last
+/// ones equal: the exporter's scopes skip modules that were not called
+/// (a ModuleDict, a submodule whose `forward` was called directly), so
+/// `h.0.attn.c_attn` is scope of module `transformer.h.0.attn.c_attn`.
+static bool scopeMatches(StringRef scope, StringRef path) {
+  SmallVector<StringRef> s, p;
+  scope.split(s, '.');
+  path.split(p, '.');
+  if (s.empty() || p.empty() || s.back() != p.back())
+    return false;
+  size_t j = 0;
+  for (StringRef part : p)
+    if (j < s.size() && part == s[j])
+      ++j;
+  return j == s.size();
+}
+
 /// Constant folding also replaces each `nn.Linear` weight of a 3-D matmul by
 /// its transpose under a generated name (`onnx::MatMul_N`): the PyTorch name
 /// and layout are gone from the file. Such a weight read only as the right
@@ -628,8 +645,11 @@ static std::string modulePath(StringRef nodeName) {
 /// after that module (`h.0.c_attn.weight`) and stored in PyTorch's layout
 /// ([out, in], the transpose of what the graph reads), so weights files and
 /// checkpoints carry the names and shapes PyTorch's `load_state_dict`
-/// expects. The bytes are transposed in place. A weight whose module cannot
-/// be told, or whose would-be name is taken, keeps the exporter's name.
+/// expects. The node's scope may skip modules; when exactly one module named
+/// elsewhere in the file (by a bias or a norm's initializer) fits it, that
+/// module's full path is used (`transformer.h.0.attn.c_attn.weight`). The
+/// bytes are transposed in place. A weight whose module cannot be told, or
+/// whose would-be name is taken, keeps the exporter's name.
 void GraphImporter::nameFoldedWeights(const onnx::GraphProto &graph) {
   llvm::StringMap<SmallVector<std::pair<const onnx::NodeProto *, int>>> readers;
   for (const onnx::NodeProto &node : graph.node())
@@ -642,6 +662,20 @@ void GraphImporter::nameFoldedWeights(const onnx::GraphProto &graph) {
   for (const onnx::NodeProto &node : graph.node())
     for (const std::string &out : node.output())
       taken.insert(out);
+  // Modules the file names in full: parents of PyTorch-named initializers
+  // and of the exporter's Identity copies.
+  llvm::StringSet<> modules;
+  auto addModule = [&](StringRef name) {
+    size_t dot = name.rfind('.');
+    if (!name.starts_with("onnx::") && !name.starts_with("/") &&
+        dot != StringRef::npos && dot > 0)
+      modules.insert(name.take_front(dot));
+  };
+  for (const onnx::TensorProto &t : graph.initializer())
+    addModule(t.name());
+  for (const onnx::NodeProto &node : graph.node())
+    if (node.op_type() == "Identity" && node.output_size() == 1)
+      addModule(node.output(0));
   SmallVector<model::ParameterOp> params(module.getOps<model::ParameterOp>());
   for (model::ParameterOp param : params) {
     StringRef old = param.getSymName();
@@ -663,8 +697,15 @@ void GraphImporter::nameFoldedWeights(const onnx::GraphProto &graph) {
       ok &= !p.empty() && (path.empty() || p == path);
       path = p;
     }
-    std::string name = path + ".weight";
-    if (!ok || taken.contains(name) || module.lookupSymbol(name))
+    if (!ok)
+      continue;
+    std::string full;
+    int fits = 0;
+    for (const auto &m : modules)
+      if (scopeMatches(path, m.getKey()) && ++fits == 1)
+        full = m.getKey().str();
+    std::string name = (fits == 1 ? full : path) + ".weight";
+    if (taken.contains(name) || module.lookupSymbol(name))
       continue;
     taken.insert(name);
     // Transpose the bytes where they are (one scratch copy of this tensor).

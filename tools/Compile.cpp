@@ -386,11 +386,16 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
                               cl::desc("Output folder (created if needed); its artifacts are "
                                        "replaced all together, only on success"),
                               cl::value_desc("dir"), cl::cat(category));
-  cl::opt<int64_t> batchSize("batch-size", cl::Required,
-                             cl::desc("Micro-batch per rank (samples)"),
-                             cl::cat(category));
-  cl::opt<int64_t> seqLen("seq-len", cl::Required,
-                          cl::desc("Tokens per sample"), cl::cat(category));
+  cl::opt<int64_t> batchSize(
+      "batch-size",
+      cl::desc("Micro-batch per rank (samples); binds dim 0 of the token "
+               "input (default: the model's, when it fixes it)"),
+      cl::cat(category));
+  cl::opt<int64_t> seqLen(
+      "seq-len",
+      cl::desc("Tokens per sample; binds dim 1 of the token input (default: "
+               "the model's, when it fixes it)"),
+      cl::cat(category));
   mlir::fastllm::ImportFlags importFlags(category);
   cl::opt<std::string> target(
       "target",
@@ -525,8 +530,10 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
   mlir::fastllm::OnnxImportOptions options;
   if (!importFlags.fill(options))
     return 1;
-  options.batchSize = batchSize;
-  options.seqLen = seqLen;
+  if (batchSize.getNumOccurrences())
+    options.batchSize = batchSize;
+  if (seqLen.getNumOccurrences())
+    options.seqLen = seqLen;
 
   mlir::fastllm::DriverContext driver;
   MLIRContext &context = driver.context;
@@ -544,12 +551,16 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
       return 1;
     }
     auto tokens = dyn_cast<RankedTensorType>(forward.getArgument(0).getType());
-    if (!tokens || tokens.getRank() != 2 || tokens.getDimSize(0) != batchSize ||
-        tokens.getDimSize(1) != seqLen) {
+    if (!tokens || tokens.getRank() != 2 ||
+        (options.batchSize && tokens.getDimSize(0) != *options.batchSize) ||
+        (options.seqLen && tokens.getDimSize(1) != *options.seqLen)) {
       compileError() << "the first input of @forward is "
                      << forward.getArgument(0).getType()
-                     << ", not the [batch-size, seq-len] = [" << batchSize
-                     << ", " << seqLen << "] tokens\n";
+                     << ", not [batch-size, seq-len] tokens"
+                     << (options.batchSize || options.seqLen
+                             ? " of the sizes given"
+                             : "")
+                     << "\n";
       return 1;
     }
   } else {
@@ -557,6 +568,28 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
   }
   if (!module)
     return 1;
+  // The sizes compiled in: the token input's [batch, seq], static by now
+  // (bound by the flags or fixed by the model).
+  {
+    auto forward = module->lookupSymbol<func::FuncOp>("forward");
+    RankedTensorType tokens;
+    for (BlockArgument arg : forward ? forward.getArguments()
+                                     : ArrayRef<BlockArgument>{}) {
+      auto t = dyn_cast<RankedTensorType>(arg.getType());
+      if (t && t.getRank() == 2 && isa<IntegerType>(t.getElementType()) &&
+          !t.getElementType().isInteger(1)) {
+        tokens = t;
+        break;
+      }
+    }
+    if (!tokens) {
+      compileError() << input
+                     << ": the model has no [batch, seq] integer token input\n";
+      return 1;
+    }
+    batchSize = tokens.getDimSize(0);
+    seqLen = tokens.getDimSize(1);
+  }
 
   PassManager pm(&context);
   mlir::fastllm::TrainingPipelineOptions pipeline;

@@ -1,0 +1,197 @@
+#!/usr/bin/python3
+"""Export a PyTorch model to ONNX for fastllm-opt, keeping what training needs.
+
+`torch.onnx.export`'s defaults are made for inference: in eval mode it merges
+parameters that happen to hold equal values (every LayerNorm gain starts at 1)
+and constant folding replaces weights by transposed copies under generated
+names. fastllm-opt undoes most of that on import, but an export made for
+training keeps every parameter distinct and named as in PyTorch, and says
+which initializers are parameters and which are buffers. This module does
+that:
+
+    import sys; sys.path.insert(0, "/path/to/fastllm-opt/tools")
+    from fastllm_export import export
+    export(model, (idx, targets), "model.onnx")   # forward(idx, targets) -> loss
+
+It exports in training mode with constant folding off (so `nn.Dropout(p)`
+modules become real dropout, which fastllm-opt trains with its own counter-
+based generator), records the names of `model.named_parameters()` in the
+file's metadata (`fastllm.trainable_parameters`, `fastllm.frozen_parameters`
+for those with requires_grad=False) so that the importer trains exactly those
+and keeps every buffer constant, and, when `fastllm-opt` is found, checks the
+exported model: it compiles it and compares the loss of one step at learning
+rate ~0 with the model's own loss on the same batch (dropout off on both
+sides). A mismatch raises ExportCheckError.
+
+Run with Debian's python3 (python3-torch, python3-onnx). The model's forward
+must take the token ids and the targets, both int64 [batch, seq], and return
+the scalar loss.
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+
+import onnx
+import torch
+
+TRAINABLE_KEY = "fastllm.trainable_parameters"
+FROZEN_KEY = "fastllm.frozen_parameters"
+
+
+class ExportCheckError(RuntimeError):
+    """The exported model's loss differs from the PyTorch model's."""
+
+
+def _parameter_names(model, graph_names):
+    """Each parameter once, under the name its initializer has in the graph.
+
+    A tied parameter (`lm_head.weight = wte.weight`) is one tensor under
+    several names; the exporter keeps one of them.
+    """
+    aliases = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        aliases.setdefault(id(tensor), []).append(name)
+    trainable, frozen, missing = [], [], []
+    for name, p in model.named_parameters():
+        names = aliases.get(id(p), [name])
+        found = [n for n in names if n in graph_names]
+        if not found:
+            missing.append(name)
+            continue
+        (trainable if p.requires_grad else frozen).append(found[0])
+    return trainable, frozen, missing
+
+
+def _find_tool(tool):
+    if tool:
+        return tool
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "..", "build", "bin", "fastllm-opt"),
+                      shutil.which("fastllm-opt")):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def export(model, example_inputs, path, input_names=("idx", "targets"),
+           output_name="loss", opset_version=17, check=True, tool=None,
+           rtol=1e-5, verbose=False):
+    """Exports `model` to `path` for training with fastllm-opt.
+
+    example_inputs: the (idx, targets) tensors forward takes; their shapes
+    become the compiled batch size and sequence length.
+    check: compile the export with fastllm-opt (`tool`, default: the build in
+    this repository or `fastllm-opt` on PATH) and compare the first loss with
+    PyTorch's within `rtol`; raises ExportCheckError on a mismatch and
+    RuntimeError when the tool cannot be found.
+    Returns the names recorded as trainable and frozen.
+    """
+    example_inputs = tuple(example_inputs)
+    was_training = model.training
+    with tempfile.TemporaryDirectory(prefix="fastllm-export-") as tmp:
+        raw = os.path.join(tmp, "raw.onnx")
+        _export(model, example_inputs, raw, input_names, output_name, opset_version)
+        proto = onnx.load(raw)
+        graph_names = {t.name for t in proto.graph.initializer}
+        trainable, frozen, missing = _parameter_names(model, graph_names)
+        if missing:
+            # Not in the graph: the loss does not read them (an unused head,
+            # say); PyTorch gives them no gradient either.
+            if verbose:
+                print(f"fastllm_export: not in the graph (unused): {missing}")
+        del proto.metadata_props[:]
+        for key, names in ((TRAINABLE_KEY, trainable), (FROZEN_KEY, frozen)):
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = key, json.dumps(names)
+        # Written beside the target, then renamed over it: never half a file.
+        target_dir = os.path.dirname(os.path.abspath(path))
+        fd, staged = tempfile.mkstemp(prefix=".fastllm-export-", dir=target_dir)
+        os.close(fd)
+        try:
+            onnx.save(proto, staged)
+            os.replace(staged, path)
+        except BaseException:
+            os.unlink(staged)
+            raise
+        if check:
+            _check(model, example_inputs, path, input_names, output_name,
+                   opset_version, tool, rtol, tmp, verbose)
+    model.train(was_training)
+    return trainable, frozen
+
+
+def _export(model, inputs, path, input_names, output_name, opset_version):
+    torch.onnx.export(model, inputs, path, input_names=list(input_names),
+                      output_names=[output_name], opset_version=opset_version,
+                      training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False)
+
+
+def _dropout_modules(model):
+    return [m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
+
+
+def _check(model, inputs, path, input_names, output_name, opset_version, tool,
+           rtol, tmp, verbose):
+    tool = _find_tool(tool)
+    if tool is None:
+        raise RuntimeError("fastllm_export: cannot check the export: fastllm-opt "
+                           "not found (pass tool=, or check=False to skip the check)")
+    idx = inputs[0]
+    if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+        raise RuntimeError("fastllm_export: the check needs integer token ids "
+                           "[batch, seq] as the first input")
+    batch, seq = idx.shape
+    # The batch the training program reads with --sampler sequential at step
+    # 1: sample i is tokens[i*seq : i*seq+seq], its targets shifted by one.
+    # The loss of step 1 is computed before any update (the learning rate is
+    # immaterial; 0 is refused by the training program).
+    stream = idx.reshape(-1).to(torch.int64)
+    stream = torch.cat([stream, stream[: seq + 2]])
+    if int(stream.max()) >= 1 << 32 or int(stream.min()) < 0:
+        raise RuntimeError("fastllm_export: token ids must be in [0, 2^32)")
+    x = torch.stack([stream[i * seq:i * seq + seq] for i in range(batch)])
+    y = torch.stack([stream[i * seq + 1:i * seq + seq + 1] for i in range(batch)])
+    # Dropout off on both sides: the check is of everything else (dropout's
+    # own tests check the masks). The rest of the graph is the same.
+    dropouts = _dropout_modules(model)
+    saved = [m.p for m in dropouts]
+    try:
+        for m in dropouts:
+            m.p = 0.0
+        check_path = os.path.join(tmp, "check.onnx")
+        _export(model, (x, y), check_path, input_names, output_name, opset_version)
+        model.train()
+        with torch.no_grad():
+            expected = float(model(x, y))
+    finally:
+        for m, p in zip(dropouts, saved):
+            m.p = p
+    tokens = os.path.join(tmp, "tokens.u32")
+    with open(tokens, "wb") as f:
+        f.write(struct.pack(f"<{len(stream)}I", *[int(t) for t in stream]))
+    out = os.path.join(tmp, "run")
+    r = subprocess.run([tool, "compile", check_path, "-o", out, "--batch-size",
+                        str(batch), "--seq-len", str(seq)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ExportCheckError(f"fastllm-opt could not compile the export:\n{r.stderr}")
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    r = subprocess.run([os.path.join(out, "train"), "--data", tokens, "--data-dtype", "u32",
+                        "--steps", "1", "--lr", "1e-30", "--sampler", "sequential",
+                        "--metrics", metrics], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ExportCheckError(f"the compiled export did not run:\n{r.stderr}")
+    with open(metrics) as f:
+        got = json.loads(f.readline())["loss"]
+    diff = abs(got - expected) / max(abs(expected), 1e-30)
+    if verbose:
+        print(f"fastllm_export: loss {got:.7g} (fastllm-opt) vs {expected:.7g} "
+              f"(PyTorch), relative difference {diff:.2e}")
+    if not diff <= rtol:
+        raise ExportCheckError(
+            f"the exported model's loss {got:.7g} differs from PyTorch's "
+            f"{expected:.7g} (relative {diff:.2e} > {rtol:g}) on the same batch")
