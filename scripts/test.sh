@@ -96,6 +96,11 @@ echo "== training-run safety: outputs, skipped steps, signals, checkpoint folder
   2>&1 | tee "$logdir/run-safety.log"
 tally "$logdir/run-safety.log" "run safety tests"
 
+echo "== dropout: the same masks on any dp, grad-accum and ZeRO stage, and PyTorch's losses with them"
+"$py" "$root/test/e2e/dropout.py" "$build/bin/fastllm-opt" \
+  2>&1 | tee "$logdir/dropout.log"
+tally "$logdir/dropout.log" "dropout tests"
+
 echo "== gradient rules vs PyTorch autograd"
 "$py" "$root/test/e2e/gradcheck.py" --tool "$build/bin/fastllm-opt" \
   2>&1 | tee "$logdir/gradcheck.log" | grep -E "^(FAIL|gradcheck)"

@@ -87,10 +87,10 @@ def scale(p):
     return np.float32(1.0 / (1.0 - float(np.float32(p))))
 
 
-def keep_mask(shape, p, seed, step, first_sample, site):
-    """The kept elements of a [batch, ...] tensor whose row b is global
-    sample first_sample + b, at 0-based `step`."""
-    batch = shape[0]
+def keep_mask(shape, p, seed, step, first_sample, site, batch=None):
+    """The kept elements of a tensor of `batch` samples (default: its leading
+    dim), sample b being global sample first_sample + b, at 0-based `step`."""
+    batch = batch or shape[0]
     per = math.prod(shape) // batch
     idx = np.arange(per, dtype=np.uint64)
     rows = []

@@ -41,6 +41,9 @@ Notes on what the pipeline accepts (all rules fit in one ONNX model):
   fusion). The compiler may fuse GELU / SiLU / RMSNorm spelled out by the
   exporter into single ops; the test holds either way and says which form the
   plan used.
+* Dropout (training mode, F.dropout(training=True)) is random: the reference
+  multiplies by the compiled step's own mask (Philox, test/e2e/dropout.py),
+  so the rule checks that the backward regenerates the forward's mask.
 
 Prints `PASS rule (worst ratio R at PARAM)` / `FAIL rule: ...` once per rule,
 where ratio = max|ours - torch| / max(1, max|torch|) over the rule's
@@ -68,6 +71,8 @@ import onnx
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import dropout as philox_dropout  # noqa: E402  (the masks, as runtime/Philox.h)
 
 VOCAB = 256
 DIM = 8          # embedding width of the main (token) path
@@ -306,6 +311,33 @@ def _(P):
     x = P["x"]
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * P["w"]
 
+
+# Dropout in training mode (exported as Dropout with training_mode true). The
+# reference drops what the compiled step drops: the Philox mask of --seed 0,
+# step 0 and global samples 0 .. BATCH - 1 (the leading dim holds BATCH
+# samples) at the node's site (test/e2e/dropout.py computes it). Squaring
+# makes the gradient 2 y m / (1 - p): it needs the backward's mask to be the
+# forward's.
+DROPOUT = {"sites": [], "calls": 0}
+
+
+def dropout_term(x, p):
+    if torch.onnx.is_in_onnx_export():
+        return F.dropout(x, p, training=True)
+    call = DROPOUT["calls"]
+    DROPOUT["calls"] += 1
+    site = DROPOUT["sites"][call] if call < len(DROPOUT["sites"]) else 0
+    keep = philox_dropout.keep_mask(tuple(x.shape), p, 0, 0, 0, site, batch=BATCH)
+    return x * torch.tensor(keep * float(philox_dropout.scale(p)), dtype=x.dtype)
+
+
+@term("Dropout", "p0.3", ["Dropout"], x=((4, 6), "n"))
+def _(P):
+    y = dropout_term(P["x"], 0.3)
+    return y * y
+@term("Dropout", "p0.5-3d", ["Dropout"], x=((2, 3, 5), "n"))
+def _(P): return dropout_term(P["x"], 0.5) * P["x"]
+
 # The main path: these parameters test these rules too.
 MAIN_PARAMS = {"Gather_tokens_emb": ("Gather", "embedding(tokens)"),
                "CrossEntropy_tokens_head": ("CrossEntropy", "lm head (3-D matmul)")}
@@ -361,6 +393,7 @@ class GradCheckModel(nn.Module):
             self.terms.append((rule, variant, fn, names, R))
 
     def forward(self, tokens, targets):
+        DROPOUT["calls"] = 0
         dt = self._parameters[self.emb_name].dtype
         h = F.embedding(tokens, self._parameters[self.emb_name])
         logits = torch.matmul(h, self._parameters[self.head_name])
@@ -515,6 +548,8 @@ def main():
         proto = export(model, onnx_path)
     inits = {t.name for t in proto.graph.initializer}
     op_types = {n.op_type for n in proto.graph.node}
+    DROPOUT["sites"] = [philox_dropout.fnv1a32(n.output[0])
+                        for n in proto.graph.node if n.op_type == "Dropout"]
     if args.verbose:
         print(f"ONNX ops: {' '.join(sorted(op_types))}")
     # The test itself must hold: initializers are exactly the parameters,

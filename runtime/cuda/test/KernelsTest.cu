@@ -1420,6 +1420,39 @@ TEST_F(CudaKernels, Bf16FillCopyAddInto) {
   EXPECT_EQ(dacc.download(), want);
 }
 
+// Tests that dropout draws the CPU's masks bit for bit: float and bf16 (the
+// CPU's float result on the same rounded inputs, rounded once), a splat
+// input, and samples whose size is not a multiple of the four words a
+// Philox call makes.
+TEST_F(CudaKernels, Dropout) {
+  const int64_t samples = 3, per = 1001, n = samples * per;
+  const uint32_t threshold = rt::dropoutThreshold(0.3f);
+  const float scale = rt::dropoutScale(0.3f);
+  auto x = randomReals(n);
+  std::vector<float> want(n);
+  DeviceArray<float> dx(x), dout(n);
+  rt::cuda::dropout(dout.get(), dx.get(), false, n, per, 77u, threshold, scale,
+                    5, 9, 12);
+  rt::cpu::dropout(want.data(), x.data(), false, n, per, 77u, threshold,
+                   scale, 5, 9, 12);
+  EXPECT_EQ(dout.download(), want);
+
+  std::vector<float> two = {2.0f};
+  DeviceArray<float> dtwo(two);
+  rt::cuda::dropout(dout.get(), dtwo.get(), true, n, per, 77u, threshold,
+                    scale, 5, 9, 12);
+  rt::cpu::dropout(want.data(), two.data(), true, n, per, 77u, threshold,
+                   scale, 5, 9, 12);
+  EXPECT_EQ(dout.download(), want);
+
+  DeviceArray<bf16> dxb(roundToBf16(x)), doutb(n);
+  rt::cuda::dropout(doutb.get(), dxb.get(), false, n, per, 77u, threshold,
+                    scale, 5, 9, 12);
+  rt::cpu::dropout(want.data(), x.data(), false, n, per, 77u, threshold,
+                   scale, 5, 9, 12);
+  EXPECT_EQ(widened(doutb.download()), roundedToBf16(want));
+}
+
 // Tests reduce<bf16> over every subset of dims, each kind (sums in double,
 // rounded once; Max exact), and empty dims (0, NaN, -inf as for float).
 TEST_F(CudaKernels, Bf16Reduce) {
