@@ -22,8 +22,12 @@ Checks (`--sampler sequential`, global batch 4 samples of 16 tokens, AdamW):
   - dp 2 with ZeRO-1, 2 and 3, dp 2 with --grad-accum 2 (micro-batches of
     one sample), and dp 1 with --grad-accum 2: every step's loss within 1e-5
     relative of the dp 1 run, and of PyTorch;
-  - --seed 1 changes the losses (the masks matter: a wrong key would show).
-Prints PASS/FAIL per case and `dropout tests: P passed, F failed`.
+  - --seed 1 changes the losses (the masks matter: a wrong key would show);
+  - the CUDA target (fp32 and bf16) builds with nvcc; on a GPU its fp32 run's
+    losses are within 1e-4 relative of the CPU's (the same masks), else
+    that case is skipped.
+Prints PASS/FAIL/SKIP per case and `dropout tests: P passed, F failed, S
+skipped`.
 """
 import json
 import math
@@ -221,14 +225,28 @@ def export(path):
     return [n for n in graph.node if n.op_type == "Dropout"]
 
 
-def train(work, onnx_path, data_path, dp, zero, accum, seed=0):
-    out = os.path.join(work, f"dp{dp}-zero{zero}-acc{accum}")
+def compile_model(out, onnx_path, dp, zero, accum, extra=()):
+    r = subprocess.run([TOOL, "compile", onnx_path, "-o", out, "--batch-size",
+                        str(GLOBAL // (dp * accum)), "--seq-len", str(SEQ), "--dp", str(dp),
+                        "--zero-stage", str(zero)] + list(extra), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("compile: " + r.stderr[-2000:])
+
+
+def gpu_present():
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"no CUDA GPU (nvidia-smi: {e})"
+    if r.returncode != 0 or "GPU" not in r.stdout:
+        return False, "no CUDA GPU (nvidia-smi -L lists none)"
+    return True, r.stdout.strip().splitlines()[0]
+
+
+def train(work, onnx_path, data_path, dp, zero, accum, seed=0, target="cpu"):
+    out = os.path.join(work, f"dp{dp}-zero{zero}-acc{accum}-{target}")
     if not os.path.exists(os.path.join(out, "train")):
-        r = subprocess.run([TOOL, "compile", onnx_path, "-o", out, "--batch-size",
-                            str(GLOBAL // (dp * accum)), "--seq-len", str(SEQ), "--dp", str(dp),
-                            "--zero-stage", str(zero)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError("compile: " + r.stderr[-2000:])
+        compile_model(out, onnx_path, dp, zero, accum, ["--target", target])
     metrics = os.path.join(out, f"metrics-seed{seed}.jsonl")
     cmd = [os.path.join(out, "train"), "--data", data_path, "--steps", str(STEPS),
            "--sampler", "sequential", "--grad-accum", str(accum), "--seed", str(seed),
@@ -241,10 +259,10 @@ def train(work, onnx_path, data_path, dp, zero, accum, seed=0):
     return [json.loads(line)["loss"] for line in open(metrics)]
 
 
-def compare(ours, ref):
+def compare(ours, ref, rtol=RTOL):
     rel = [abs(a - b) / abs(b) for a, b in zip(ours, ref)]
     worst = max(range(len(rel)), key=lambda i: rel[i])
-    ok = len(ours) == len(ref) == STEPS and rel[worst] <= RTOL
+    ok = len(ours) == len(ref) == STEPS and rel[worst] <= rtol
     return ok, (f"max rel diff {rel[worst]:.1e} at step {worst + 1} "
                 f"({ours[worst]:.7f} vs {ref[worst]:.7f})")
 
@@ -252,10 +270,15 @@ def compare(ours, ref):
 def main():
     torch.set_num_threads(2)
     results = []
+    skipped = []
 
     def record(ok, name, detail=""):
         results.append(ok)
         print(("PASS " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
+
+    def skip(name, why):
+        skipped.append(name)
+        print(f"SKIP {name}: {why}", flush=True)
 
     kats = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
             ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
@@ -301,8 +324,31 @@ def main():
                f"max rel loss diff {rel:.1e}")
     except RuntimeError as e:
         record(False, "--seed 1 draws other masks than --seed 0", str(e))
+    for precision in ("fp32", "bf16"):
+        name = f"the CUDA target ({precision}) builds with nvcc"
+        try:
+            compile_model(os.path.join(work, f"cuda-{precision}"), onnx_path, 1, 1, 1,
+                          ["--target", "cuda", "--precision", precision])
+            record(True, name)
+        except RuntimeError as e:
+            if "nvcc not found" in str(e):
+                skip(name, "no CUDA toolkit")
+            else:
+                record(False, name, str(e))
+    name = "CUDA dp 1 vs the CPU target (within 1e-4)"
+    present, why = gpu_present()
+    if not present:
+        skip(name, why)
+    else:
+        try:
+            ok, detail = compare(train(work, onnx_path, data_path, 1, 1, 1, target="cuda"),
+                                 base or [], 1e-4)
+            record(ok, name, f"{why}: {detail}")
+        except (RuntimeError, ValueError) as e:
+            record(False, name, str(e))
     passed = sum(results)
-    print(f"dropout tests: {passed} passed, {len(results) - passed} failed")
+    print(f"dropout tests: {passed} passed, {len(results) - passed} failed, "
+          f"{len(skipped)} skipped")
     return 1 if passed != len(results) else 0
 
 
