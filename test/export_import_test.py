@@ -19,8 +19,11 @@ and checks the result:
 * every @forward argument is ``tensor<4x16xi64>``, and its one result is the
   scalar f32 ``loss``;
 * the ``model.parameter`` declarations are exactly the graph's float
-  initializers (export_models.py's ``param_names``) and their element count
-  sums to its ``trainable_params`` (the tied GPT-2 embedding/head once).
+  initializers (export_models.py's ``param_names``), a folded transposed
+  Linear weight (``onnx::MatMul_N``) under its PyTorch parameter's name
+  instead (the importer names it after the module; export_models.py's
+  ``param_map`` says which PyTorch parameter it holds), and their element
+  count sums to its ``trainable_params`` (the tied GPT-2 embedding/head once).
 
 * the printed IR parses back (``fastllm-opt OUT.mlir``), so what ``import``
   writes is what the rest of the pipeline can read (``--no-roundtrip`` skips
@@ -247,8 +250,13 @@ def check_ir(ir, generic_ir, info, allowed_ops):
         problems.append(f"parameters hold {count} elements in {len(params)} "
                         f"declarations, expected trainable_params = "
                         f"{info['trainable_params']}")
-    missing = sorted(set(info["param_names"]) - set(params))
-    extra = sorted(set(params) - set(info["param_names"]))
+    expected = set()
+    for name in info["param_names"]:
+        held = info["param_map"].get(name) or {}
+        renamed = name.startswith("onnx::MatMul") and held.get("transposed")
+        expected.add(held["param"] if renamed else name)
+    missing = sorted(expected - set(params))
+    extra = sorted(set(params) - expected)
     if missing or extra:
         problems.append(f"parameters differ from the float initializers: "
                         f"missing {missing[:5]}, extra {extra[:5]}")

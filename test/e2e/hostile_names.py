@@ -107,8 +107,12 @@ def main():
     for label, path in (("plain", os.path.join(ROOT, "models", "gpt2-tiny.onnx")),
                         ("hostile", hostile_path)):
         out = os.path.join(work, label)
+        # Literal names on both sides: by default the plain model's folded
+        # onnx::MatMul_N weights would be renamed after their modules (and
+        # transposed), the hostile ones, renamed here, would not.
         r = subprocess.run([TOOL, "compile", path, "-o", out, "--batch-size", "2",
-                            "--seq-len", "16"], capture_output=True, text=True)
+                            "--seq-len", "16", "--keep-shared-initializers"],
+                           capture_output=True, text=True)
         check(f"{label}: compile builds the binary", r.returncode == 0, r.stderr[-2000:])
         if r.returncode != 0:
             continue
