@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Models written and exported the way people do train like PyTorch.
 
-Two models, written as their authors write them, not shaped for the tool:
+Three models, written as their authors write them, not shaped for the tool:
   - gpt: nanoGPT's GPT. Default initialisation (every LayerNorm gain 1, bias
     0, so an eval-mode export deduplicates them into Identity copies),
     `nn.Dropout(dropout)` modules with nanoGPT's default dropout = 0.0, the
@@ -13,6 +13,11 @@ Two models, written as their authors write them, not shaped for the tool:
     non-persistent cos/sin buffers, an additive -inf mask registered as a
     buffer (`torch.triu(full(-inf), 1)`), SwiGLU, `nn.Dropout(0.0)` and the
     tied head `tok_embeddings.weight = output.weight`.
+  - hf-gpt2: Hugging Face's GPT2LMHeadModel. Conv1D layers (`addmm` with
+    [in, out] weights, zero biases: an eval-mode export merges them all),
+    a bool causal-mask buffer sliced and applied with
+    `torch.where(mask, w, finfo.min)`, tanh GELU written out, position ids
+    from `arange`, the head tied to `wte`.
 Each is exported three ways:
   - helper: tools/fastllm_export.py (training mode, no folding, the parameter
     list in the file's metadata; the helper's own loss check runs too);
@@ -35,7 +40,7 @@ parameters). Checks, per run:
     if it is no farther from the float64 run than 3x PyTorch fp32 is, and
     is reported as noise-driven. Buffers saved must be unchanged.
 Prints PASS/FAIL per case and `user export tests: P passed, F failed`.
-Options: --models gpt,llama  --modes helper,default,training  --dp 1,2
+Options: --models gpt,llama,hf-gpt2  --modes helper,default,training  --dp 1,2
 """
 import argparse
 import json
@@ -282,7 +287,123 @@ class Transformer(nn.Module):
                                ignore_index=-1)
 
 
-MODELS = {"gpt": GPT, "llama": Transformer}
+# --- Hugging Face GPT-2 (modeling_gpt2.py, trimmed to what training uses) ----
+
+class Conv1D(nn.Module):
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.empty(nx, nf))
+        self.bias = nn.Parameter(torch.zeros(nf))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+class NewGELUActivation(nn.Module):
+    def forward(self, input):
+        return 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi)
+                                               * (input + 0.044715 * torch.pow(input, 3.0))))
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, embed_dim, num_heads, max_positions, pdrop):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones((max_positions, max_positions),
+                                                           dtype=torch.bool))
+                             .view(1, 1, max_positions, max_positions))
+        self.register_buffer("masked_bias", torch.tensor(-1e4), persistent=False)
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.c_attn = Conv1D(3 * embed_dim, embed_dim)
+        self.c_proj = Conv1D(embed_dim, embed_dim)
+        self.attn_dropout = nn.Dropout(pdrop)
+        self.resid_dropout = nn.Dropout(pdrop)
+
+    def _attn(self, query, key, value):
+        attn_weights = torch.matmul(query, key.transpose(-1, -2))
+        attn_weights = attn_weights / torch.full([], value.size(-1) ** 0.5,
+                                                 dtype=attn_weights.dtype)
+        query_length, key_length = query.size(-2), key.size(-2)
+        causal_mask = self.bias[:, :, key_length - query_length:key_length, :key_length]
+        mask_value = torch.finfo(attn_weights.dtype).min
+        mask_value = torch.full([], mask_value, dtype=attn_weights.dtype)
+        attn_weights = torch.where(causal_mask, attn_weights.to(attn_weights.dtype), mask_value)
+        attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+        attn_weights = self.attn_dropout(attn_weights)
+        return torch.matmul(attn_weights, value)
+
+    def _split_heads(self, tensor):
+        new_shape = tensor.size()[:-1] + (self.num_heads, self.head_dim)
+        return tensor.view(new_shape).permute(0, 2, 1, 3)
+
+    def _merge_heads(self, tensor):
+        tensor = tensor.permute(0, 2, 1, 3).contiguous()
+        return tensor.view(tensor.size()[:-2] + (self.num_heads * self.head_dim,))
+
+    def forward(self, hidden_states):
+        query, key, value = self.c_attn(hidden_states).split(self.embed_dim, dim=2)
+        query, key, value = map(self._split_heads, (query, key, value))
+        attn_output = self._merge_heads(self._attn(query, key, value))
+        return self.resid_dropout(self.c_proj(attn_output))
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, intermediate_size, embed_dim, pdrop):
+        super().__init__()
+        self.c_fc = Conv1D(intermediate_size, embed_dim)
+        self.c_proj = Conv1D(embed_dim, intermediate_size)
+        self.act = NewGELUActivation()
+        self.dropout = nn.Dropout(pdrop)
+
+    def forward(self, hidden_states):
+        return self.dropout(self.c_proj(self.act(self.c_fc(hidden_states))))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, hidden_size, num_heads, max_positions, pdrop, eps):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(hidden_size, eps=eps)
+        self.attn = GPT2Attention(hidden_size, num_heads, max_positions, pdrop)
+        self.ln_2 = nn.LayerNorm(hidden_size, eps=eps)
+        self.mlp = GPT2MLP(4 * hidden_size, hidden_size, pdrop)
+
+    def forward(self, hidden_states):
+        hidden_states = self.attn(self.ln_1(hidden_states)) + hidden_states
+        return hidden_states + self.mlp(self.ln_2(hidden_states))
+
+
+class GPT2LMHeadModel(nn.Module):
+    def __init__(self, vocab_size=VOCAB, n_positions=SEQ, n_embd=DIM, n_layer=2, n_head=4,
+                 pdrop=0.0, layer_norm_epsilon=1e-5):
+        super().__init__()
+        self.transformer = nn.Module()
+        self.transformer.wte = nn.Embedding(vocab_size, n_embd)
+        self.transformer.wpe = nn.Embedding(n_positions, n_embd)
+        self.transformer.drop = nn.Dropout(pdrop)
+        self.transformer.h = nn.ModuleList([GPT2Block(n_embd, n_head, n_positions, pdrop,
+                                                      layer_norm_epsilon)
+                                            for _ in range(n_layer)])
+        self.transformer.ln_f = nn.LayerNorm(n_embd, eps=layer_norm_epsilon)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        for emb in (self.transformer.wte, self.transformer.wpe):
+            nn.init.normal_(emb.weight, std=0.02)
+        self.lm_head.weight = self.transformer.wte.weight
+
+    def forward(self, input_ids, labels):
+        t = self.transformer
+        position_ids = torch.arange(0, input_ids.size(-1), dtype=torch.long).unsqueeze(0)
+        hidden_states = t.drop(t.wte(input_ids) + t.wpe(position_ids))
+        for block in t.h:
+            hidden_states = block(hidden_states)
+        lm_logits = self.lm_head(t.ln_f(hidden_states))
+        return nn.CrossEntropyLoss()(lm_logits.view(-1, lm_logits.size(-1)), labels.view(-1))
+
+
+MODELS = {"gpt": GPT, "llama": Transformer, "hf-gpt2": GPT2LMHeadModel}
 
 
 def make_model(kind):
@@ -468,7 +589,7 @@ def main():
     global TOOL
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tool", nargs="?", default=os.path.join(ROOT, "build", "bin", "fastllm-opt"))
-    ap.add_argument("--models", default="gpt,llama")
+    ap.add_argument("--models", default="gpt,llama,hf-gpt2")
     ap.add_argument("--modes", default="helper,default,training")
     ap.add_argument("--dp", default="1,2")
     args = ap.parse_args()
