@@ -418,8 +418,9 @@ static int64_t dropoutSite(StringRef outputName) {
 /// Dropout is the identity in eval mode and, in any mode, with ratio 0 (what
 /// `nn.Dropout(p)` modules export in training mode with p = 0). A real ratio
 /// in training mode becomes model.dropout, whose mask is keyed by the run's
-/// seed, the step, the sample and this node's site (runtime/Philox.h). The
-/// optional mask output, when read, is computed from the same key.
+/// seed, the step, the sample and this node's site (runtime/Philox.h); the
+/// node's own `seed` attribute is not used, the run's --seed is. The optional
+/// mask output, when read, is computed from the same key.
 static LogicalResult convertDropout(NodeImporter &n) {
   bool training = false;
   if (n.hasInput(2)) {
