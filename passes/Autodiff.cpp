@@ -117,8 +117,11 @@ LogicalResult AutodiffPass::differentiate(func::FuncOp step) {
     if (!any)
       continue;
     if (auto get = dyn_cast<GetParameterOp>(op)) {
-      b.create<AccumulateGradOp>(op->getLoc(), get.getNameAttr(),
-                                 resultGrads[0]);
+      // Runs in the stage of the read, which may come after the stage the
+      // parameter belongs to (a tied head, a weight shared across layers).
+      auto acc = b.create<AccumulateGradOp>(op->getLoc(), get.getNameAttr(),
+                                            resultGrads[0]);
+      copyStage(op, acc);
       continue;
     }
     auto differentiable = dyn_cast<GradientOpInterface>(op);

@@ -9,7 +9,10 @@
 //  - each read of a weight slot (ZeRO-3) finds the stage it expects there,
 //    with no all-gather into the slot in flight;
 //  - each gradient is added into a slot cleared for its stage and not being
-//    reduced; every stage with parameters is reduce-scattered exactly once
+//    reduced, and no slot is cleared over gradients not yet reduced, so a
+//    stage's slot holds every addition (those of later stages reading a
+//    tied parameter too) when it is reduced; every stage with parameters is
+//    reduce-scattered exactly once
 //    per micro-batch (ZeRO-2/3; the reduction is the mean over ranks and
 //    micro-batches) or, with ZeRO-1, by the runtime once per step;
 //  - every collective is waited before the step returns.
@@ -62,6 +65,7 @@ void VerifyCollectivesPass::runOnOperation() {
   enum class Grad { Free, Accumulating, Reducing };
   SmallVector<Grad> gradState(numGradSlots, Grad::Free);
   SmallVector<int64_t> gradStage(numGradSlots, -1);
+  SmallVector<Operation *> gradAdded(numGradSlots, nullptr); // since the clear
   SmallVector<int64_t> reduced(numStages, 0);
   DenseMap<Value, Operation *> inFlight;
   DenseMap<Value, std::pair<int64_t, int64_t>> paramView; // value -> (slot, stage)
@@ -151,8 +155,15 @@ void VerifyCollectivesPass::runOnOperation() {
         if (gradState[j] == Grad::Reducing)
           result = op.emitOpError("clears gradient slot ")
                    << j << " while its reduce-scatter is in flight";
+        else if (gradState[j] == Grad::Accumulating && gradAdded[j])
+          result = (op.emitOpError("clears gradient slot ")
+                    << j << ", which holds gradients of stage " << gradStage[j]
+                    << " not yet reduced")
+                       .attachNote(gradAdded[j]->getLoc())
+                   << "added here";
         gradState[j] = Grad::Accumulating;
         gradStage[j] = s;
+        gradAdded[j] = nullptr;
       }
     } else if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
       auto param = symbols.lookup<ParameterOp>(acc.getName());
@@ -171,6 +182,8 @@ void VerifyCollectivesPass::runOnOperation() {
                      : gradState[j] == Grad::Free
                          ? "not cleared for a stage"
                          : "cleared for stage " + std::to_string(gradStage[j]));
+      else if (zero >= 2)
+        gradAdded[j] = &op;
     } else if (auto get = dyn_cast<GetParameterOp>(op)) {
       auto param = symbols.lookup<ParameterOp>(get.getName());
       int64_t owner = parameterStage(param), j = slotOf(get);

@@ -18,6 +18,7 @@
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
 #include <algorithm>
+#include <string>
 
 namespace mlir::fastllm {
 
@@ -57,6 +58,15 @@ inline bool quietBetween(Operation *from, Operation *to) {
     if (!isMemoryEffectFree(op))
       return false;
   return true;
+}
+
+/// How a message names the ONNX node an op was imported from:
+/// " (ONNX node 'NAME')" from the NameLoc the importer gives it (fusion and
+/// autodiff keep it inside theirs), or "" for an op with none.
+inline std::string onnxNodeOf(Operation *op) {
+  if (auto name = op->getLoc()->findInstanceOf<NameLoc>())
+    return (" (ONNX node '" + name.getName().getValue() + "')").str();
+  return "";
 }
 
 /// The op's plan.slot, or -1 when it has none.

@@ -6,7 +6,9 @@
 //  forward (ZeRO-3)   before stage s runs, wait for the all-gather of its
 //                     weights (and of the tie slots it reads), then start the
 //                     next stage's all-gather: it runs during s's compute;
-//  backward (2 and 3) before stage s's backward, wait for the reduce-scatter
+//  backward (2 and 3) before stage s's backward (before the first backward
+//                     adding into s's gradients: a later stage reading a
+//                     tied parameter of s), wait for the reduce-scatter
 //                     that last used its gradient slot and clear the slot;
 //                     ZeRO-3 waits for its weights when its weight slot was
 //                     overwritten since its forward (and its backward reads
@@ -182,7 +184,18 @@ void ZeroCollectivesPass::runOnOperation() {
     }
   }
 
-  // Backward.
+  // Backward. The latest stage whose backward adds into each stage's
+  // gradients: its own, or a later one reading one of its parameters.
+  std::vector<int64_t> firstGrad(numStages);
+  for (int64_t s = 0; s < numStages; ++s)
+    firstGrad[s] = s;
+  SymbolTable symbols(module);
+  for (auto acc : body.getOps<AccumulateGradOp>()) {
+    int64_t owner =
+        parameterStage(symbols.lookup<ParameterOp>(acc.getName()));
+    if (owner < numStages)
+      firstGrad[owner] = std::max(firstGrad[owner], stageOf(acc));
+  }
   auto lastInSlot = [&](int64_t s) {
     int64_t last = -1;
     for (int64_t t : withParams)
@@ -203,12 +216,12 @@ void ZeroCollectivesPass::runOnOperation() {
         regather[s] = start(pos, Action::Gather, s, plan->stageWeightSlot[s]);
       wait(pos, regather[s]);
     }
-    int64_t g = plan->stageGradSlot[s];
+    int64_t g = plan->stageGradSlot[s], clearPos = backwardStart(firstGrad[s]);
     if (auto it = pendingReduce.find(g); it != pendingReduce.end()) {
-      wait(pos, it->second);
+      wait(clearPos, it->second);
       pendingReduce.erase(it);
     }
-    at[pos].push_back({Action::Clear, s, g, -1});
+    at[clearPos].push_back({Action::Clear, s, g, -1});
     if (numWeightSlots >= 2 && i + 1 < backward.size() &&
         regathers(backward[i + 1]))
       regather[backward[i + 1]] =

@@ -6,15 +6,18 @@
 //    stage padded to a multiple of dp * 32 elements (dp equal shards);
 //  - slots: ZeRO-2 and 3 share num-grad-buffers gradient slots, ZeRO-3
 //    num-weight-buffers weight slots, round-robin over the stages that have
-//    parameters, each slot sized for the largest stage it serves; ZeRO-3 gives
-//    a stage whose parameter a later stage reads (a tied embedding read by
-//    the head) a slot of its own (its tie slot), gathered once per
-//    micro-batch and read by those stages too;
-//  - the step's ops: every op of @train_step gets a stage (autodiff's sums
-//    and accumulations take the stage of what follows them or of their
-//    parameter), and a ZeRO-2/3 step must run the stages in order forward
-//    and in reverse order backward; ZeRO-3 gives each stage that reads a
-//    parameter its own model.get_parameter, so each read names its slot.
+//    parameters, each slot sized for the largest stage it serves. A stage
+//    whose parameters later stages read (a tied embedding read by the head,
+//    weights every layer reuses) has ties: ZeRO-2/3 give it a gradient slot
+//    of its own, into which the later stages' backwards add before its own
+//    backward ends (reduced once, after it), and ZeRO-3 a weight slot of its
+//    own (its tie slot), gathered once per micro-batch and read by those
+//    stages too;
+//  - the step's ops: every op of @train_step gets a stage (an accumulation
+//    the stage of its read, autodiff's sums that of what follows them), and
+//    a ZeRO-2/3 step must run the stages in order forward and in reverse
+//    order backward; ZeRO-3 gives each stage that reads a parameter its own
+//    model.get_parameter, so each read names its slot.
 //
 //===----------------------------------------------------------------------===//
 
@@ -48,7 +51,8 @@ private:
   void layOutParameters(ModuleOp module, MemoryPlan &plan);
   LogicalResult assignStages(func::FuncOp step, SymbolTable &symbols);
   void assignSlots(MemoryPlan &plan, int64_t numGrad, int64_t numWeight,
-                   const std::set<int64_t> &tieOwners);
+                   const std::set<int64_t> &gradTies,
+                   const std::set<int64_t> &weightTies);
   void splitParameterReads(func::FuncOp step, SymbolTable &symbols,
                            MemoryPlan &plan);
 };
@@ -114,16 +118,18 @@ void ZeroLayoutPass::layOutParameters(ModuleOp module, MemoryPlan &plan) {
   }
 }
 
-/// Every op gets a stage: accumulations take their parameter's, other
-/// untagged ops (autodiff's sums of several uses' gradients) the stage of
-/// the next tagged op, else of the previous one. ZeRO-2/3 then need the
-/// stages in order: forward ascending, backward descending.
+/// Every op gets a stage: accumulations without one (autodiff gives each the
+/// stage of its read) take their parameter's, other untagged ops (autodiff's
+/// sums of several uses' gradients) the stage of the next tagged op, else of
+/// the previous one. ZeRO-2/3 then need the stages in order: forward
+/// ascending, backward descending.
 LogicalResult ZeroLayoutPass::assignStages(func::FuncOp step,
                                            SymbolTable &symbols) {
   Builder b(step.getContext());
   Block &body = step.getBody().front();
   for (auto acc : body.getOps<AccumulateGradOp>())
-    if (auto param = symbols.lookup<ParameterOp>(acc.getName()))
+    if (auto param = symbols.lookup<ParameterOp>(acc.getName());
+        param && stageOf(acc) < 0)
       acc->setAttr(kStageAttr, b.getI64IntegerAttr(parameterStage(param)));
   int64_t next = -1;
   for (Operation &op : llvm::reverse(body.without_terminator())) {
@@ -139,32 +145,64 @@ LogicalResult ZeroLayoutPass::assignStages(func::FuncOp step,
     prev = stageOf(&op);
   }
   // Parameter reads are placed by their users (they are views), so only
-  // computing ops are checked.
-  int64_t lastForward = 0, lastBackward = INT64_MAX;
-  bool inBackward = false;
+  // computing ops are checked. What always works: ZeRO-1, which reduces
+  // once per step and so takes the stages in any order.
+  const char *zero1 = "; --zero-stage 1 takes the stages in any order";
+  // An accumulation's location names its parameter, not a node.
+  auto describe = [](Operation *op) -> std::string {
+    if (auto acc = dyn_cast<AccumulateGradOp>(op))
+      return (" (adding the gradient of @" + acc.getName() + ")").str();
+    return onnxNodeOf(op);
+  };
+  Operation *lastForward = nullptr, *lastBackward = nullptr;
   for (Operation &op : body.without_terminator()) {
     if (isa<GetParameterOp, ConstantOp>(op))
       continue;
     int64_t s = stageOf(&op);
     if (isBackward(&op)) {
-      inBackward = true;
-      if (s > lastBackward)
-        return op.emitOpError("is in the backward of stage ")
-               << s << " after the backward of stage " << lastBackward
-               << "; ZeRO-" << zeroStage.getValue()
-               << " needs the backward to run the stages in reverse order";
-      lastBackward = s;
+      if (lastBackward && s > stageOf(lastBackward))
+        return op.emitOpError("in the backward of stage ")
+               << s << describe(&op) << " runs after the backward of stage "
+               << stageOf(lastBackward) << describe(lastBackward) << "; ZeRO-"
+               << zeroStage.getValue()
+               << " needs the backward to run the stages in reverse order"
+               << zero1;
+      lastBackward = &op;
     } else {
-      if (inBackward)
-        return op.emitOpError("is a forward op after the backward started; "
-                              "ZeRO-")
-               << zeroStage.getValue() << " needs the forward first";
-      if (s < lastForward)
-        return op.emitOpError("is in the forward of stage ")
-               << s << " after the forward of stage " << lastForward
-               << "; ZeRO-" << zeroStage.getValue()
-               << " needs the forward to run the stages in order";
-      lastForward = s;
+      if (lastBackward)
+        return op.emitOpError("of the forward")
+               << describe(&op) << " runs after the backward started"
+               << describe(lastBackward) << "; ZeRO-" << zeroStage.getValue()
+               << " needs the forward first" << zero1;
+      if (lastForward && s < stageOf(lastForward))
+        return op.emitOpError("in the forward of stage ")
+               << s << describe(&op) << " runs after the forward of stage "
+               << stageOf(lastForward) << describe(lastForward) << "; ZeRO-"
+               << zeroStage.getValue()
+               << " needs the forward to run the stages in order" << zero1;
+      lastForward = &op;
+    }
+  }
+  // A parameter belongs to the stage of its first read, so no stage reads
+  // (or adds the gradient of) a parameter of a later stage.
+  const char *firstUse = "; a parameter belongs to the stage of its first use";
+  for (Operation &op : body.without_terminator()) {
+    if (auto get = dyn_cast<GetParameterOp>(op)) {
+      auto param = symbols.lookup<ParameterOp>(get.getName());
+      if (!param || param.getFrozen())
+        continue;
+      for (Operation *user : get->getUsers())
+        if (stageOf(user) < parameterStage(param))
+          return user->emitOpError("in stage ")
+                 << stageOf(user) << onnxNodeOf(user) << " reads @"
+                 << get.getName() << " of the later stage "
+                 << parameterStage(param) << firstUse;
+    } else if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
+      auto param = symbols.lookup<ParameterOp>(acc.getName());
+      if (param && stageOf(acc) < parameterStage(param))
+        return acc.emitOpError("in stage ")
+               << stageOf(acc) << " adds the gradient of @" << acc.getName()
+               << " of the later stage " << parameterStage(param) << firstUse;
     }
   }
   return success();
@@ -172,12 +210,16 @@ LogicalResult ZeroLayoutPass::assignStages(func::FuncOp step,
 
 /// Round-robin over the stages that have parameters: the i-th such stage
 /// uses gradient slot i % numGrad and (ZeRO-3) weight slot i % numWeight. A
-/// ZeRO-3 stage whose parameters later stages read (the tied embedding the
-/// head reads) keeps a weight slot of its own instead, which those stages
-/// read too: it is gathered once per micro-batch and never overwritten.
+/// stage whose parameters later stages read (the tied embedding the head
+/// reads, a block's weights every later layer reuses) keeps slots of its own
+/// instead: a gradient slot, into which the backwards of those stages add
+/// before its own does and which is reduced after its own backward, and
+/// (ZeRO-3) a weight slot, which those stages read too, gathered once per
+/// micro-batch and never overwritten.
 void ZeroLayoutPass::assignSlots(MemoryPlan &plan, int64_t numGrad,
                                  int64_t numWeight,
-                                 const std::set<int64_t> &tieOwners) {
+                                 const std::set<int64_t> &gradTies,
+                                 const std::set<int64_t> &weightTies) {
   int64_t numStages = plan.numStages();
   plan.stageGradSlot.assign(numStages, -1);
   plan.stageWeightSlot.assign(numStages, -1);
@@ -194,14 +236,20 @@ void ZeroLayoutPass::assignSlots(MemoryPlan &plan, int64_t numGrad,
   for (int64_t s = 0; s < numStages; ++s) {
     if (!plan.stageElements[s])
       continue;
-    plan.stageGradSlot[s] = assign(s, used++ % numGrad, plan.gradSlotElements);
-    if (zeroStage == 3 && !tieOwners.count(s))
+    if (!gradTies.count(s))
+      plan.stageGradSlot[s] = assign(s, used++ % numGrad, plan.gradSlotElements);
+    if (zeroStage == 3 && !weightTies.count(s))
       plan.stageWeightSlot[s] = assign(s, shared++ % numWeight, plan.weightSlotElements);
+  }
+  plan.gradSlotElements.resize(std::min(used, numGrad), 0);
+  for (int64_t owner : gradTies) {
+    plan.stageGradSlot[owner] = plan.gradSlotElements.size();
+    plan.gradSlotElements.push_back(plan.stageElements[owner]);
   }
   if (zeroStage != 3)
     return;
   plan.weightSlotElements.resize(std::min(shared, numWeight), 0);
-  for (int64_t owner : tieOwners) {
+  for (int64_t owner : weightTies) {
     plan.stageWeightSlot[owner] = plan.stageTieSlot[owner] =
         plan.weightSlotElements.size();
     plan.weightSlotElements.push_back(plan.stageElements[owner]);
@@ -280,42 +328,45 @@ void ZeroLayoutPass::runOnOperation() {
   // collectives by the stage and phase of each op.
   if (zeroStage >= 2 && failed(assignStages(step, symbols)))
     return signalPassFailure();
-  // The stages whose parameters another stage reads (ZeRO-3 ties).
-  std::set<int64_t> tieOwners;
-  if (zeroStage == 3)
-    for (auto get : step.getBody().front().getOps<GetParameterOp>()) {
+  // The stages whose parameters another stage adds gradients to (ZeRO-2/3)
+  // or reads (ZeRO-3): their ties.
+  std::set<int64_t> gradTies, weightTies;
+  if (zeroStage >= 2) {
+    Block &body = step.getBody().front();
+    for (auto get : body.getOps<GetParameterOp>()) {
       auto param = symbols.lookup<ParameterOp>(get.getName());
       if (param.getFrozen())
         continue;
       int64_t owner = parameterStage(param);
-      for (Operation *user : get->getUsers()) {
-        if (stageOf(user) < owner) {
-          user->emitOpError("in stage ")
-              << stageOf(user) << " reads @" << get.getName()
-              << " of the later stage " << owner
-              << "; a parameter belongs to the stage of its first use";
-          return signalPassFailure();
-        }
-        if (stageOf(user) != owner && plan.stageElements[owner])
-          tieOwners.insert(owner);
-      }
+      for (Operation *user : get->getUsers())
+        if (zeroStage == 3 && stageOf(user) != owner && plan.stageElements[owner])
+          weightTies.insert(owner);
     }
+    for (auto acc : body.getOps<AccumulateGradOp>()) {
+      int64_t owner = parameterStage(symbols.lookup<ParameterOp>(acc.getName()));
+      if (stageOf(acc) != owner && plan.stageElements[owner])
+        gradTies.insert(owner);
+    }
+  }
   // Defaults (DESIGN.md section 3): two gradient buffers for ZeRO-2/3, two
-  // weight buffers for ZeRO-3; never more slots than stages to serve.
+  // weight buffers for ZeRO-3, shared by the stages without ties; never more
+  // slots than stages to serve.
   int64_t served = llvm::count_if(plan.stageElements, [](int64_t e) { return e > 0; });
   int64_t numGrad = numGradBuffers == -1 ? 2 : numGradBuffers.getValue();
   int64_t numWeight = numWeightBuffers == -1 ? 2 : numWeightBuffers.getValue();
-  assignSlots(plan, std::max<int64_t>(1, std::min(numGrad, served)),
-              std::max<int64_t>(1, std::min<int64_t>(numWeight, served - tieOwners.size())),
-              tieOwners);
+  assignSlots(plan,
+              std::max<int64_t>(1, std::min<int64_t>(numGrad, served - gradTies.size())),
+              std::max<int64_t>(1, std::min<int64_t>(numWeight, served - weightTies.size())),
+              gradTies, weightTies);
   if (zeroStage == 3)
     splitParameterReads(step, symbols, plan);
   if (zeroStage >= 2) {
     Builder b(module.getContext());
-    for (auto acc : step.getBody().front().getOps<AccumulateGradOp>())
-      if (plan.stageGradSlot[stageOf(acc)] >= 0) // else: no elements to add
-        acc->setAttr(kSlotAttr,
-                     b.getI64IntegerAttr(plan.stageGradSlot[stageOf(acc)]));
+    for (auto acc : step.getBody().front().getOps<AccumulateGradOp>()) {
+      int64_t owner = parameterStage(symbols.lookup<ParameterOp>(acc.getName()));
+      if (plan.stageGradSlot[owner] >= 0) // else: no elements to add
+        acc->setAttr(kSlotAttr, b.getI64IntegerAttr(plan.stageGradSlot[owner]));
+    }
   }
   plan.gradSlotOffsets.assign(plan.gradSlotElements.size(), -1);
   plan.weightSlotOffsets.assign(plan.weightSlotElements.size(), -1);

@@ -567,6 +567,65 @@ func.func @train_step(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f3
   model.wait %r3 {model.backward}
   return %l : tensor<f32>
 }
+
+// -----
+
+// ZeRO-2 with @a of stage 0 read again in stage 1 (a tie): stage 1 uses
+// gradient slot 0, stage 0 a slot of its own, 1. Clearing it again before
+// stage 0's backward would drop the gradient stage 1 added.
+model.parameter @a : tensor<8x16xf32> {model.stage = 0 : i64}
+model.parameter @b : tensor<16xf32> {model.stage = 1 : i64}
+func.func @train_step(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f32> {
+  %a = model.get_parameter @a : tensor<8x16xf32>
+  %b = model.get_parameter @b : tensor<16xf32>
+  %x = model.exp %a {model.stage = 0 : i64} : tensor<8x16xf32>
+  %y = model.mul %x, %b {model.stage = 1 : i64} : tensor<8x16xf32>, tensor<16xf32> -> tensor<8x16xf32>
+  %l = model.reduce_sum %y dims [0, 1] {model.stage = 1 : i64} : tensor<8x16xf32> -> tensor<f32>
+  model.clear_grads stage 1 slot 0 {model.backward}
+  model.clear_grads stage 0 slot 1 {model.backward}
+  %gb = model.reduce_sum %x dims [0] {model.backward, model.stage = 1 : i64} : tensor<8x16xf32> -> tensor<16xf32>
+  model.accumulate_grad @b, %gb {model.backward, model.stage = 1 : i64} : tensor<16xf32>
+  %ga1 = model.mul %x, %x {model.backward, model.stage = 1 : i64} : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x16xf32>
+  // expected-note @+1 {{added here}}
+  model.accumulate_grad @a, %ga1 {model.backward, model.stage = 1 : i64} : tensor<8x16xf32>
+  %r1 = model.reduce_scatter stage 1 from slot 0 {model.backward}
+  // expected-error @+1 {{'model.clear_grads' op clears gradient slot 1, which holds gradients of stage 0 not yet reduced}}
+  model.clear_grads stage 0 slot 1 {model.backward}
+  %ga = model.mul %x, %a {model.backward, model.stage = 0 : i64} : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x16xf32>
+  model.accumulate_grad @a, %ga {model.backward, model.stage = 0 : i64} : tensor<8x16xf32>
+  %r0 = model.reduce_scatter stage 0 from slot 1 {model.backward}
+  model.wait %r1 {model.backward}
+  model.wait %r0 {model.backward}
+  return %l : tensor<f32>
+}
+
+// -----
+
+// The same tie, stage 0 reduced after stage 1's addition but before its
+// own.
+model.parameter @a : tensor<8x16xf32> {model.stage = 0 : i64}
+model.parameter @b : tensor<16xf32> {model.stage = 1 : i64}
+func.func @train_step(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f32> {
+  %a = model.get_parameter @a : tensor<8x16xf32>
+  %b = model.get_parameter @b : tensor<16xf32>
+  %x = model.exp %a {model.stage = 0 : i64} : tensor<8x16xf32>
+  %y = model.mul %x, %b {model.stage = 1 : i64} : tensor<8x16xf32>, tensor<16xf32> -> tensor<8x16xf32>
+  %l = model.reduce_sum %y dims [0, 1] {model.stage = 1 : i64} : tensor<8x16xf32> -> tensor<f32>
+  model.clear_grads stage 1 slot 0 {model.backward}
+  model.clear_grads stage 0 slot 1 {model.backward}
+  %gb = model.reduce_sum %x dims [0] {model.backward, model.stage = 1 : i64} : tensor<8x16xf32> -> tensor<16xf32>
+  model.accumulate_grad @b, %gb {model.backward, model.stage = 1 : i64} : tensor<16xf32>
+  %ga1 = model.mul %x, %x {model.backward, model.stage = 1 : i64} : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x16xf32>
+  model.accumulate_grad @a, %ga1 {model.backward, model.stage = 1 : i64} : tensor<8x16xf32>
+  %r1 = model.reduce_scatter stage 1 from slot 0 {model.backward}
+  %r0 = model.reduce_scatter stage 0 from slot 1 {model.backward}
+  %ga = model.mul %x, %a {model.backward, model.stage = 0 : i64} : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x16xf32>
+  // expected-error @+1 {{'model.accumulate_grad' op adds the gradient of @a (stage 0) into gradient slot 1, which is being reduced}}
+  model.accumulate_grad @a, %ga {model.backward, model.stage = 0 : i64} : tensor<8x16xf32>
+  model.wait %r1 {model.backward}
+  model.wait %r0 {model.backward}
+  return %l : tensor<f32>
+}
 // END ZeRO-2
 // BEGIN ZeRO-1
 // ZeRO-1 (dp = 2): a reduce-scatter inside the step; ZeRO-1 reduces once

@@ -281,7 +281,7 @@ func.func @train_step(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f3
 
 // ZeRO-2/3 need the backward to run the stages in reverse order: here
 // stage 0's backward runs before stage 1's.
-// ORDER: error: 'model.reduce_sum' op is in the backward of stage 1 after the backward of stage 0; ZeRO-2 needs the backward to run the stages in reverse order
+// ORDER: error: 'model.reduce_sum' op in the backward of stage 1 runs after the backward of stage 0 (adding the gradient of @a); ZeRO-2 needs the backward to run the stages in reverse order; --zero-stage 1 takes the stages in any order
 // ZERO1-LABEL: module attributes
 // ZERO1-SAME: stage_grad_slot = array<i64: -1, -1>
 model.parameter @a : tensor<8x16xf32> {model.stage = 0 : i64}
@@ -294,7 +294,7 @@ func.func @train_step(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f3
   %l = model.reduce_sum %y dims [0, 1] {model.stage = 1 : i64} : tensor<8x16xf32> -> tensor<f32>
   %ga = model.mul %x, %a {model.backward, model.stage = 0 : i64} : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x16xf32>
   model.accumulate_grad @a, %ga {model.backward} : tensor<8x16xf32>
-  // expected-error @+1 {{'model.reduce_sum' op is in the backward of stage 1 after the backward of stage 0}}
+  // expected-error @+1 {{'model.reduce_sum' op in the backward of stage 1 runs after the backward of stage 0}}
   %gb = model.reduce_sum %x dims [0] {model.backward, model.stage = 1 : i64} : tensor<8x16xf32> -> tensor<16xf32>
   model.accumulate_grad @b, %gb {model.backward} : tensor<16xf32>
   return %l : tensor<f32>
@@ -303,7 +303,7 @@ func.func @train_step(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f3
 // -----
 
 // The forward must run the stages in order.
-// ORDER: error: 'model.exp' op is in the forward of stage 0 after the forward of stage 1; ZeRO-2 needs the forward to run the stages in order
+// ORDER: error: 'model.exp' op in the forward of stage 0 runs after the forward of stage 1; ZeRO-2 needs the forward to run the stages in order; --zero-stage 1 takes the stages in any order
 // ZERO1-LABEL: module attributes
 model.parameter @a : tensor<8x16xf32> {model.stage = 0 : i64}
 model.parameter @b : tensor<16xf32> {model.stage = 1 : i64}
@@ -311,7 +311,7 @@ func.func @train_step(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f3
   %a = model.get_parameter @a : tensor<8x16xf32>
   %b = model.get_parameter @b : tensor<16xf32>
   %eb = model.exp %b {model.stage = 1 : i64} : tensor<16xf32>
-  // expected-error @+1 {{'model.exp' op is in the forward of stage 0 after the forward of stage 1}}
+  // expected-error @+1 {{'model.exp' op in the forward of stage 0 runs after the forward of stage 1}}
   %x = model.exp %a {model.stage = 0 : i64} : tensor<8x16xf32>
   %y = model.mul %x, %eb {model.stage = 1 : i64} : tensor<8x16xf32>, tensor<16xf32> -> tensor<8x16xf32>
   %l = model.reduce_sum %y dims [0, 1] {model.stage = 1 : i64} : tensor<8x16xf32> -> tensor<f32>
@@ -321,7 +321,7 @@ func.func @train_step(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f3
 // -----
 
 // No forward op after the backward started.
-// ORDER: error: 'model.exp' op is a forward op after the backward started; ZeRO-2 needs the forward first
+// ORDER: error: 'model.exp' op of the forward runs after the backward started (adding the gradient of @b); ZeRO-2 needs the forward first; --zero-stage 1 takes the stages in any order
 // ZERO1-LABEL: module attributes
 model.parameter @a : tensor<8x16xf32> {model.stage = 0 : i64}
 model.parameter @b : tensor<16xf32> {model.stage = 1 : i64}
@@ -333,7 +333,7 @@ func.func @train_step(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f3
   %l = model.reduce_sum %y dims [0, 1] {model.stage = 1 : i64} : tensor<8x16xf32> -> tensor<f32>
   %gb = model.reduce_sum %x dims [0] {model.backward, model.stage = 1 : i64} : tensor<8x16xf32> -> tensor<16xf32>
   model.accumulate_grad @b, %gb {model.backward} : tensor<16xf32>
-  // expected-error @+1 {{'model.exp' op is a forward op after the backward started}}
+  // expected-error @+1 {{'model.exp' op of the forward runs after the backward started}}
   %z = model.exp %y {model.stage = 1 : i64} : tensor<8x16xf32>
   %ga = model.mul %x, %a {model.backward, model.stage = 0 : i64} : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x16xf32>
   model.accumulate_grad @a, %ga {model.backward} : tensor<8x16xf32>

@@ -20,18 +20,35 @@ betas 0.9/0.95, weight decay 0.1) and check every step:
 By default a representative subset runs (the test command's); --full runs the
 whole matrix dp 1, 2, 4 x ZeRO 1, 2, 3 x layers-per-stage 1, 2 x grad-accum
 1, 2. Both add runs with other buffer counts and stage sizes (BUFFERS) and,
-for GPT-2, with a frozen parameter (FROZEN_CASES). Prints `PASS`/`FAIL` per case and `data parallel tests: P passed, F
-failed`.
+for GPT-2, with a frozen parameter (FROZEN_CASES).
+
+Then parameters read in several stages (SHARED_CASES), on models written as
+users write them (default init) and exported with torch.onnx.export's
+defaults (eval mode, constant folding on), batch 4 fixed by the export (one
+rank accumulates two micro-batches for the reference):
+  - tied-gpt: a nanoGPT-style GPT whose head is the embedding
+    (lm_head.weight = wte.weight), at layers-per-stage 0.5 (the head three
+    stages after the embedding) and 100 (two stages);
+  - albert: ALBERT-style, every layer calls one Block (its LayerNorms and
+    weight matrices read by every layer's stage), head tied too.
+Same checks, the PyTorch reference being the very model exported.
+
+Prints `PASS`/`FAIL` per case and `data parallel tests: P passed, F failed`.
 """
 import argparse
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
+import warnings
 
+import numpy as np
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -59,6 +76,118 @@ BUFFERS = [(2, 3, 0.5, 1, []),
            (4, 3, 1, 2, ["--num-weight-buffers", "1", "--num-grad-buffers", "1"]),
            (2, 3, 1.5, 2, ["--num-weight-buffers", "3"]),
            (2, 2, 1, 1, ["--num-grad-buffers", "3"])]
+
+
+# Parameters read in several stages: (dp, zero, layers-per-stage, grad-accum,
+# extra flags) per model, against dp 1, ZeRO-1, layers-per-stage 1 with two
+# micro-batches of 4.
+SHARED_REF = (1, 1, 1, 2)
+ONE_BUFFER = ["--num-grad-buffers", "1", "--num-weight-buffers", "1"]
+SHARED_CASES = {
+    "tied-gpt": [(2, z, lps, 1, []) for lps in (0.5, 100) for z in (1, 2, 3)]
+    + [(2, 3, 0.5, 1, ONE_BUFFER), (2, 2, 1, 1, ["--num-grad-buffers", "1"])],
+    "albert": [(2, z, 1, 1, []) for z in (1, 2, 3)]
+    + [(2, 3, 2, 1, ONE_BUFFER), (2, 2, 0.5, 1, ["--num-grad-buffers", "1"])],
+}
+# An eval-mode export merges equal-valued tensors (the block's folded weight
+# copies and the default-initialised LayerNorms alike), so ALBERT is exported
+# in training mode, whose only Identity copies are the folded copies of the
+# one block's weights: --keep-shared-initializers keeps each one weight.
+SHARED_FLAGS = {"albert": ["--keep-shared-initializers"]}
+SHARED_VOCAB, SHARED_DIM, SHARED_HEADS, SHARED_BATCH = 96, 32, 4, 4
+
+
+class SharedBlock(nn.Module):
+    """A pre-norm GPT block as nanoGPT writes it (causal mask built in
+    forward)."""
+
+    def __init__(self):
+        super().__init__()
+        d = SHARED_DIM
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, SHARED_HEADS, C // SHARED_HEADS).transpose(1, 2)
+                   for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // SHARED_HEADS))
+        mask = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
+        att = F.softmax(att.masked_fill(mask == 0, float("-inf")), dim=-1)
+        x = x + self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.proj(F.gelu(self.fc(self.ln_2(x))))
+
+
+class SharedModel(nn.Module):
+    """tied-gpt: two blocks; albert: three layers calling one block. Both
+    tie the head to the embedding."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.wte = nn.Embedding(SHARED_VOCAB, SHARED_DIM)
+        self.wpe = nn.Embedding(SEQ, SHARED_DIM)
+        if kind == "albert":
+            block = SharedBlock()
+            self.blocks = [block] * 3
+            self.block = block  # registered once
+        else:
+            self.h = nn.ModuleList(SharedBlock() for _ in range(2))
+            self.blocks = list(self.h)
+        self.ln_f = nn.LayerNorm(SHARED_DIM)
+        self.kind = kind
+        if kind != "albert":
+            self.lm_head = nn.Linear(SHARED_DIM, SHARED_VOCAB, bias=False)
+            self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_f(x).view(-1, SHARED_DIM)
+        # ALBERT's head reads the embedding through torch.mm, which exports
+        # as Gemm(transB=1) on wte.weight itself (no folded copy).
+        logits = torch.mm(x, self.wte.weight.t()) if self.kind == "albert" else self.lm_head(x)
+        return F.cross_entropy(logits, targets.view(-1))
+
+
+def shared_model(kind):
+    torch.manual_seed(1234)
+    return SharedModel(kind)
+
+
+def shared_torch_losses(kind, data, steps):
+    """PyTorch's AdamW on the model exported, on the samples the sequential
+    sampler gives (GLOBAL x SEQ tokens a step), decay on >= 2-dim tensors."""
+    model = shared_model(kind)
+    params = list(model.parameters())  # shared and tied tensors once
+    opt = torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": HP["weight_decay"]},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]), eps=HP["eps"])
+    n, losses = len(data), []
+    for s in range(steps):
+        offs = [((s * GLOBAL + i) * SEQ) % (n - SEQ - 1) for i in range(GLOBAL)]
+        x = torch.tensor(np.stack([data[o:o + SEQ] for o in offs]).astype(np.int64))
+        y = torch.tensor(np.stack([data[o + 1:o + SEQ + 1] for o in offs]).astype(np.int64))
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+def export_shared(kind, path):
+    x = torch.zeros(SHARED_BATCH, SEQ, dtype=torch.long)
+    kwargs = {}
+    if kind == "albert":
+        kwargs = {"training": torch.onnx.TrainingMode.TRAINING, "do_constant_folding": True}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(shared_model(kind), (x, x), path, input_names=["idx", "targets"],
+                          output_names=["loss"], **kwargs)
 
 
 def run(tool, work, onnx_path, data, steps, dp, zero, lps, accum, freeze=None, extra=()):
@@ -106,12 +235,13 @@ def main():
     ap.add_argument("tool", nargs="?", default=os.path.join(ROOT, "build", "bin", "fastllm-opt"))
     ap.add_argument("--full", action="store_true", help="the whole matrix")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--models", default="gpt2,llama")
+    ap.add_argument("--models", default="gpt2,llama," + ",".join(SHARED_CASES))
     args = ap.parse_args()
     torch.set_num_threads(2)
     work = tempfile.mkdtemp(prefix="dp-test-")
     passed = failed = 0
-    for model in args.models.split(","):
+    models = args.models.split(",")
+    for model in [m for m in models if m not in SHARED_CASES]:
         argv = ["--model", model, "--fold", "on", "--out", os.path.join(work, f"{model}.onnx")]
         cfg = export_models.parse_args(argv)
         export_models.main(argv)
@@ -161,6 +291,30 @@ def main():
                     trainable == plan["memory"]["param_elements"]
                 detail += (f"; frozen array {plan['memory']['frozen_elements']} elements, "
                            f"stages {shrunk} elements smaller than unfrozen")
+            except subprocess.CalledProcessError as e:
+                ok, detail = False, f"{e.cmd[0]} failed: {e.stderr.decode()[-1500:]}"
+            print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+            passed += ok
+            failed += not ok
+    for kind, cases in [(m, SHARED_CASES[m]) for m in models if m in SHARED_CASES]:
+        model_work = os.path.join(work, kind)
+        os.makedirs(model_work)
+        onnx_path = os.path.join(model_work, "model.onnx")
+        export_shared(kind, onnx_path)
+        data = token_data(SHARED_VOCAB)
+        data_path = os.path.join(model_work, "tokens.u16")
+        data.tofile(data_path)
+        torch_ref = shared_torch_losses(kind, data, args.steps)
+        flags = SHARED_FLAGS.get(kind, [])
+        ref, _ = run(args.tool, model_work, onnx_path, data_path, args.steps, *SHARED_REF,
+                     extra=flags)
+        for dp, zero, lps, accum, extra in cases:
+            name = f"{kind} dp {dp} ZeRO-{zero} layers-per-stage {lps} grad-accum {accum}" + \
+                "".join(" " + e for e in extra)
+            try:
+                got, plan = run(args.tool, model_work, onnx_path, data_path, args.steps,
+                                dp, zero, lps, accum, extra=flags + extra)
+                ok, detail = check(got, plan, accum, ref, torch_ref, args.steps)
             except subprocess.CalledProcessError as e:
                 ok, detail = False, f"{e.cmd[0]} failed: {e.stderr.decode()[-1500:]}"
             print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
