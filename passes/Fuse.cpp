@@ -16,7 +16,9 @@
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <memory>
 
@@ -350,59 +352,58 @@ std::optional<double> roundTo(Type t, double value) {
   return value;
 }
 
-/// The elements of a constant or of a parameter's initial value.
+/// The elements of a constant or of a parameter's initial value: f32 bytes
+/// (a resource blob or dense data), or DenseElementsAttr's iterators.
 class KnownElements : public KnownTensor {
 public:
   KnownElements(RankedTensorType type, ElementsAttr value) : KnownTensor(type) {
-    Type element = type.getElementType();
+    bool f32 = type.getElementType().isF32();
+    size_t bytes = type.getNumElements() * sizeof(float);
     if (auto res = dyn_cast<DenseResourceElementsAttr>(value)) {
       AsmResourceBlob *blob = res.getRawHandle().getBlob();
-      size_t bytes = type.getNumElements() * sizeof(float);
-      if (element.isF32() && blob && blob->getData().size() == bytes)
-        floats = ArrayRef<float>(
-            reinterpret_cast<const float *>(blob->getData().data()),
-            type.getNumElements());
+      if (f32 && blob && blob->getData().size() == bytes)
+        floats = blob->getData().data();
       return;
     }
     dense = dyn_cast<DenseElementsAttr>(value);
-    if (!dense)
-      return;
-    if (element.isInteger(1)) {
-      auto values = dense.getValues<bool>();
-      read = [values](int64_t i) -> std::optional<double> { return values[i]; };
-    } else if (auto i = dyn_cast<IntegerType>(element)) {
-      auto values = dense.getValues<APInt>();
-      read = [values, isUnsigned = i.isUnsigned()](int64_t i) -> std::optional<double> {
-        APInt v = values[i];
-        if (isUnsigned ? v.getActiveBits() > 53 : v.getSignificantBits() > 53)
-          return std::nullopt;
-        return isUnsigned ? double(v.getZExtValue()) : double(v.getSExtValue());
-      };
-    } else if (isa<FloatType>(element)) {
-      auto values = dense.getValues<APFloat>();
-      read = [values](int64_t i) -> std::optional<double> {
-        return values[i].convertToDouble();
-      };
-    }
+    if (dense && f32 && !dense.isSplat() && dense.getRawData().size() == bytes)
+      floats = dense.getRawData().data();
   }
 
-  bool known() const { return !floats.empty() || read; }
+  bool known() const { return floats || dense; }
 
   bool readRow(ArrayRef<int64_t> outer, MutableArrayRef<double> row) override {
     int64_t length = rowLength();
     int64_t base = rowIndex(shape(), outer) * length;
-    if (!floats.empty()) {
-      for (int64_t j = 0; j < length; ++j)
-        row[j] = floats[base + j];
+    if (floats) {
+      for (int64_t j = 0; j < length; ++j) {
+        float v;
+        std::memcpy(&v, floats + (base + j) * sizeof(float), sizeof(float));
+        row[j] = v;
+      }
       return true;
     }
     if (dense.isSplat())
       base = 0, length = 1;
-    for (int64_t j = 0; j < length; ++j) {
-      std::optional<double> v = read(base + j);
-      if (!v)
-        return false;
-      row[j] = *v;
+    Type element = type.getElementType();
+    if (element.isInteger(1)) {
+      auto it = dense.value_begin<bool>() + base;
+      for (int64_t j = 0; j < length; ++j, ++it)
+        row[j] = *it;
+    } else if (auto i = dyn_cast<IntegerType>(element)) {
+      auto it = dense.value_begin<APInt>() + base;
+      for (int64_t j = 0; j < length; ++j, ++it) {
+        APInt v = *it;
+        if (i.isUnsigned() ? v.getActiveBits() > 53 : v.getSignificantBits() > 53)
+          return false;
+        row[j] = i.isUnsigned() ? double(v.getZExtValue()) : double(v.getSExtValue());
+      }
+    } else if (isa<FloatType>(element)) {
+      auto it = dense.value_begin<APFloat>() + base;
+      for (int64_t j = 0; j < length; ++j, ++it)
+        row[j] = (*it).convertToDouble();
+    } else {
+      return false;
     }
     if (dense.isSplat())
       std::fill(row.begin(), row.end(), row[0]);
@@ -410,9 +411,8 @@ public:
   }
 
 private:
-  ArrayRef<float> floats; // a parameter's f32 blob
+  const char *floats = nullptr; // f32 elements, little-endian
   DenseElementsAttr dense;
-  std::function<std::optional<double>(int64_t)> read;
 };
 
 /// Reads the row `outer` of `source` broadcast (NumPy rules) to `shape`.
@@ -495,12 +495,13 @@ private:
   int64_t cachedRow = -1;
 };
 
-/// model.broadcast and the elementwise ops: `apply` maps the operands'
-/// elements (broadcast to the result) to the result's, nullopt when the
-/// result has no exact value.
+/// model.broadcast and the elementwise ops: `apply` computes the result's
+/// row from the operands' (broadcast to it), false when an element has no
+/// exact value.
 class KnownMap : public KnownTensor {
 public:
-  using Apply = std::function<std::optional<double>(ArrayRef<double>)>;
+  using Apply = std::function<bool(ArrayRef<SmallVector<double>> operandRows,
+                                   MutableArrayRef<double> row)>;
   KnownMap(RankedTensorType type, SmallVector<KnownPtr> operands, Apply apply)
       : KnownTensor(type), operands(std::move(operands)), apply(std::move(apply)),
         rows(this->operands.size(), SmallVector<double>(rowLength())) {}
@@ -509,16 +510,7 @@ public:
     for (auto [operand, operandRow] : llvm::zip(operands, rows))
       if (!readBroadcast(*operand, shape(), outer, operandRow))
         return false;
-    SmallVector<double, 3> args(operands.size());
-    for (size_t j = 0; j < row.size(); ++j) {
-      for (size_t k = 0; k < operands.size(); ++k)
-        args[k] = rows[k][j];
-      std::optional<double> v = apply(args);
-      if (!v)
-        return false;
-      row[j] = *v;
-    }
-    return true;
+    return apply(rows, row);
   }
 
 private:
@@ -526,6 +518,25 @@ private:
   Apply apply;
   SmallVector<SmallVector<double>> rows;
 };
+
+/// The KnownMap::Apply of an elementwise function `f` of N operands,
+/// returning a double or, where a result may have no exact value, an
+/// optional one.
+template <size_t N, typename F>
+KnownMap::Apply elementwise(F f) {
+  return [f](ArrayRef<SmallVector<double>> in, MutableArrayRef<double> row) {
+    std::array<double, N> x;
+    for (size_t j = 0; j < row.size(); ++j) {
+      for (size_t k = 0; k < N; ++k)
+        x[k] = in[k][j];
+      std::optional<double> v = f(x);
+      if (!v)
+        return false;
+      row[j] = *v;
+    }
+    return true;
+  };
+}
 
 /// Builds the compile-time value of `v`: a model.constant, a `frozen`
 /// parameter's initial value (a trainable one changes as it trains, so it is
@@ -571,30 +582,36 @@ KnownPtr buildKnown(Value v, int &budget) {
   auto map = [&](KnownMap::Apply apply) -> KnownPtr {
     return std::make_unique<KnownMap>(type, std::move(operands), std::move(apply));
   };
+  using X1 = std::array<double, 1>;
+  using X2 = std::array<double, 2>;
+  using X3 = std::array<double, 3>;
   // Arithmetic in double, rounded once to the result type: exact IEEE
   // results for f32 (and narrower) +, - and *.
   auto arith = [&](double (*f)(double, double)) {
-    return map([=](ArrayRef<double> x) { return roundTo(element, f(x[0], x[1])); });
+    return map(elementwise<2>(
+        [=](const X2 &x) { return roundTo(element, f(x[0], x[1])); }));
   };
   if (isa<BroadcastOp>(op))
-    return map([](ArrayRef<double> x) { return x[0]; });
+    return map(elementwise<1>([](const X1 &x) { return x[0]; }));
   if (isa<CastOp>(op))
-    return map([=](ArrayRef<double> x) -> std::optional<double> {
+    return map(elementwise<1>([=](const X1 &x) -> std::optional<double> {
       // Float to integer truncates toward zero; to i1 is x != 0.
       if (isa<IntegerType>(element) && !element.isInteger(1))
         return std::isfinite(x[0]) ? roundTo(element, std::trunc(x[0])) : std::nullopt;
       return roundTo(element, x[0]);
-    });
+    }));
   if (isa<NotOp>(op))
-    return map([](ArrayRef<double> x) { return x[0] == 0 ? 1.0 : 0.0; });
+    return map(elementwise<1>([](const X1 &x) { return x[0] == 0 ? 1.0 : 0.0; }));
   if (isa<NegOp>(op))
-    return map([=](ArrayRef<double> x) { return roundTo(element, -x[0]); });
+    return map(elementwise<1>([=](const X1 &x) { return roundTo(element, -x[0]); }));
   if (isa<AndOp>(op))
-    return map([](ArrayRef<double> x) { return x[0] != 0 && x[1] != 0 ? 1.0 : 0.0; });
+    return map(elementwise<2>(
+        [](const X2 &x) { return x[0] != 0 && x[1] != 0 ? 1.0 : 0.0; }));
   if (isa<OrOp>(op))
-    return map([](ArrayRef<double> x) { return x[0] != 0 || x[1] != 0 ? 1.0 : 0.0; });
+    return map(elementwise<2>(
+        [](const X2 &x) { return x[0] != 0 || x[1] != 0 ? 1.0 : 0.0; }));
   if (isa<SelectOp>(op))
-    return map([](ArrayRef<double> x) { return x[0] != 0 ? x[1] : x[2]; });
+    return map(elementwise<3>([](const X3 &x) { return x[0] != 0 ? x[1] : x[2]; }));
   if (isa<AddOp>(op))
     return arith([](double a, double b) { return a + b; });
   if (isa<SubOp>(op))
@@ -602,9 +619,7 @@ KnownPtr buildKnown(Value v, int &budget) {
   if (isa<MulOp>(op))
     return arith([](double a, double b) { return a * b; });
   if (auto cmp = dyn_cast<CmpOp>(op)) {
-    CmpPredicate p = cmp.getPredicate();
-    return map([=](ArrayRef<double> x) -> std::optional<double> {
-      double a = x[0], b = x[1];
+    auto compare = [](CmpPredicate p, double a, double b) {
       switch (p) {
       case CmpPredicate::eq: return a == b;
       case CmpPredicate::ne: return a != b;
@@ -613,8 +628,11 @@ KnownPtr buildKnown(Value v, int &budget) {
       case CmpPredicate::gt: return a > b;
       case CmpPredicate::ge: return a >= b;
       }
-      return std::nullopt;
-    });
+      llvm_unreachable("unknown predicate");
+    };
+    return map(elementwise<2>([compare, p = cmp.getPredicate()](const X2 &x) {
+      return compare(p, x[0], x[1]) ? 1.0 : 0.0;
+    }));
   }
   return nullptr;
 }
@@ -718,7 +736,7 @@ struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
       return failure();
     Value masked = softmax.getInput();
     int64_t rank = typeOf(masked).getRank();
-    if (rank < 2 || softmax.getDim() != rank - 1 || !masked.hasOneUse())
+    if (rank < 2 || (int64_t)softmax.getDim() != rank - 1 || !masked.hasOneUse())
       return failure();
     for (auto [scores, mask, form] : maskedScores(masked)) {
       auto qk = matchScaledProduct(scores);
