@@ -83,11 +83,15 @@ BUFFERS = [(2, 3, 0.5, 1, []),
 # micro-batches of 4.
 SHARED_REF = (1, 1, 1, 2)
 ONE_BUFFER = ["--num-grad-buffers", "1", "--num-weight-buffers", "1"]
+# One rank with two micro-batches checks a tied stage's slot is cleared and
+# reduced once per micro-batch.
 SHARED_CASES = {
     "tied-gpt": [(2, z, lps, 1, []) for lps in (0.5, 100) for z in (1, 2, 3)]
-    + [(2, 3, 0.5, 1, ONE_BUFFER), (2, 2, 1, 1, ["--num-grad-buffers", "1"])],
+    + [(2, 3, 0.5, 1, ONE_BUFFER), (2, 2, 1, 1, ["--num-grad-buffers", "1"]),
+       (1, 2, 0.5, 2, []), (1, 3, 0.5, 2, [])],
     "albert": [(2, z, 1, 1, []) for z in (1, 2, 3)]
-    + [(2, 3, 2, 1, ONE_BUFFER), (2, 2, 0.5, 1, ["--num-grad-buffers", "1"])],
+    + [(2, 3, 2, 1, ONE_BUFFER), (2, 2, 0.5, 1, ["--num-grad-buffers", "1"]),
+       (1, 3, 1, 2, [])],
 }
 # An eval-mode export merges equal-valued tensors (the block's folded weight
 # copies and the default-initialised LayerNorms alike), so ALBERT is exported
