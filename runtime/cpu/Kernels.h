@@ -462,30 +462,84 @@ template <typename T> void addInto(T *acc, const T *x, int64_t n) {
 // Dropout
 //===----------------------------------------------------------------------===//
 
+namespace detail {
+
+/// Philox lanes computed together: philox4x32 (runtime/Philox.h) of kLanes
+/// consecutive groups of one sample, written as the 4 * kLanes words of their
+/// elements in order. Written lane by lane inside each round so that the
+/// loops vectorize (32 x 32 -> 64-bit multiplies); the words are exactly
+/// philox4x32's.
+inline constexpr int64_t kDropoutLanes = 16;
+
+inline void dropoutWordsBlock(uint32_t *words, uint64_t seed, int64_t step,
+                              int64_t sample, uint32_t site,
+                              int64_t firstGroup) {
+  constexpr int64_t L = kDropoutLanes;
+  uint32_t x0[L], x1[L], x2[L], x3[L];
+  for (int64_t l = 0; l < L; ++l) {
+    x0[l] = uint32_t(firstGroup + l);
+    x1[l] = site;
+    x2[l] = uint32_t(sample);
+    x3[l] = uint32_t(step);
+  }
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    for (int64_t l = 0; l < L; ++l) {
+      uint64_t p0 = uint64_t(0xD2511F53u) * x0[l];
+      uint64_t p1 = uint64_t(0xCD9E8D57u) * x2[l];
+      uint32_t n0 = uint32_t(p1 >> 32) ^ x1[l] ^ k0;
+      uint32_t n2 = uint32_t(p0 >> 32) ^ x3[l] ^ k1;
+      x1[l] = uint32_t(p1);
+      x3[l] = uint32_t(p0);
+      x0[l] = n0;
+      x2[l] = n2;
+    }
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    words[4 * l] = x0[l];
+    words[4 * l + 1] = x1[l];
+    words[4 * l + 2] = x2[l];
+    words[4 * l + 3] = x3[l];
+  }
+}
+
+} // namespace detail
+
 /// out[i] = keep ? in[i] * scale : 0 over n elements, viewed as n / perSample
 /// samples of perSample elements; row r is global sample firstSample + r.
 /// keep is the Philox word of (seed, step, sample, site, index within the
-/// sample) >= threshold (runtime/Philox.h): a pure function of the element's
-/// place, so the backward (the same call on the gradient) regenerates the
-/// mask. `in` is one element read for all when `splatInput`. The words are
-/// made four at a time, one Philox call per group of four elements.
+/// sample) >= threshold (runtime/Philox.h's dropoutWords): a pure function of
+/// the element's place, so the backward (the same call on the gradient)
+/// regenerates the mask. `in` is one element read for all when
+/// `splatInput`. Work is split in blocks of 64 elements of one sample (16
+/// Philox calls, made together so that they vectorize).
 template <typename T>
 void dropout(T *out, const T *in, bool splatInput, int64_t n,
              int64_t perSample, uint32_t site, uint32_t threshold, float scale,
              uint64_t seed, int64_t step, int64_t firstSample) {
   if (n <= 0 || perSample <= 0)
     return;
-  const int64_t groups = (perSample + 3) / 4;
-  parallelFor(n / perSample * groups, n, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      const int64_t sample = g / groups, group = g % groups;
-      Philox4x32 words =
-          dropoutWords(seed, step, firstSample + sample, site, group);
-      const int64_t base = sample * perSample + group * 4;
-      const int64_t count = std::min<int64_t>(4, perSample - group * 4);
-      for (int64_t k = 0; k < count; ++k) {
-        T x = in[splatInput ? 0 : base + k];
-        out[base + k] = words.v[k] >= threshold ? T(x * scale) : T(0);
+  constexpr int64_t kBlock = 4 * detail::kDropoutLanes;
+  const int64_t blocks = (perSample + kBlock - 1) / kBlock;
+  parallelFor(n / perSample * blocks, n, [&](int64_t begin, int64_t end) {
+    alignas(64) uint32_t words[kBlock];
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t sample = b / blocks, block = b % blocks;
+      detail::dropoutWordsBlock(words, seed, step, firstSample + sample, site,
+                                block * detail::kDropoutLanes);
+      const int64_t base = sample * perSample + block * kBlock;
+      const int64_t count = std::min(kBlock, perSample - block * kBlock);
+      T *o = out + base;
+      if (splatInput) {
+        const T kept = T(in[0] * scale);
+        for (int64_t e = 0; e < count; ++e)
+          o[e] = words[e] >= threshold ? kept : T(0);
+      } else {
+        const T *x = in + base;
+        for (int64_t e = 0; e < count; ++e)
+          o[e] = words[e] >= threshold ? T(x[e] * scale) : T(0);
       }
     }
   });

@@ -683,6 +683,26 @@ std::vector<float> runDropout(const std::vector<float> &in, int64_t samples,
   return out;
 }
 
+// Tests that the kernel (16 Philox calls at a time) keeps exactly where
+// dropoutWords' word >= threshold, element by element, for sample sizes
+// around the kernel's 64-element blocks and the 4-word groups.
+TEST(DropoutTest, MatchesThePhiloxWords) {
+  const uint32_t threshold = fastllm::rt::dropoutThreshold(0.4f);
+  for (int64_t per : {1, 3, 4, 63, 64, 65, 1000, 40003}) {
+    const int64_t samples = 3, n = samples * per;
+    std::vector<float> ones(n, 1.0f), out(n);
+    dropout(out.data(), ones.data(), false, n, per, 0xdeadbeefu, threshold,
+            1.0f, 0x0123456789abcdefull, 77, 1000);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      fastllm::rt::Philox4x32 w = fastllm::rt::dropoutWords(
+          0x0123456789abcdefull, 77, 1000 + i / per, 0xdeadbeefu, i % per / 4);
+      wrong += (out[i] != 0.0f) != (w.v[i % per % 4] >= threshold);
+    }
+    EXPECT_EQ(wrong, 0) << per;
+  }
+}
+
 // Tests the keep rate and the scaling: over 2^20 ones, the kept fraction is
 // 1 - p within 5 standard deviations, every kept value is exactly 1/(1-p)
 // and every other exactly 0; the output's mean stays 1 (within 5 sigma).
