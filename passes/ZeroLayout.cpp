@@ -331,23 +331,22 @@ void ZeroLayoutPass::runOnOperation() {
   // The stages whose parameters another stage adds gradients to (ZeRO-2/3)
   // or reads (ZeRO-3): their ties.
   std::set<int64_t> gradTies, weightTies;
-  if (zeroStage >= 2) {
-    Block &body = step.getBody().front();
-    for (auto get : body.getOps<GetParameterOp>()) {
-      auto param = symbols.lookup<ParameterOp>(get.getName());
-      if (param.getFrozen())
-        continue;
-      int64_t owner = parameterStage(param);
-      for (Operation *user : get->getUsers())
-        if (zeroStage == 3 && stageOf(user) != owner && plan.stageElements[owner])
-          weightTies.insert(owner);
-    }
+  Block &body = step.getBody().front();
+  if (zeroStage >= 2)
     for (auto acc : body.getOps<AccumulateGradOp>()) {
       int64_t owner = parameterStage(symbols.lookup<ParameterOp>(acc.getName()));
       if (stageOf(acc) != owner && plan.stageElements[owner])
         gradTies.insert(owner);
     }
-  }
+  if (zeroStage == 3)
+    for (auto get : body.getOps<GetParameterOp>()) {
+      auto param = symbols.lookup<ParameterOp>(get.getName());
+      int64_t owner = parameterStage(param);
+      if (!param.getFrozen() && plan.stageElements[owner] &&
+          llvm::any_of(get->getUsers(),
+                       [&](Operation *user) { return stageOf(user) != owner; }))
+        weightTies.insert(owner);
+    }
   // Defaults (DESIGN.md section 3): two gradient buffers for ZeRO-2/3, two
   // weight buffers for ZeRO-3, shared by the stages without ties; never more
   // slots than stages to serve.
