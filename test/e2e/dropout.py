@@ -32,6 +32,7 @@ skipped`.
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -347,6 +348,10 @@ def main():
         except (RuntimeError, ValueError) as e:
             record(False, name, str(e))
     passed = sum(results)
+    if passed == len(results):
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"work files: {work}")
     print(f"dropout tests: {passed} passed, {len(results) - passed} failed, "
           f"{len(skipped)} skipped")
     return 1 if passed != len(results) else 0
