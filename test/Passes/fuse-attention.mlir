@@ -177,6 +177,33 @@ func.func @additive(%q: tensor<1x2x3x4xf32>, %k: tensor<1x2x3x4xf32>, %v: tensor
 
 // -----
 
+// Tests an additive mask computed in forward from a bool constant, as the
+// old nn.Transformer.generate_square_subsequent_mask wrote it unfolded:
+// mask.float().masked_fill(mask == 0, -inf).masked_fill(mask == 1, 0.0).
+
+// CHECK-LABEL: func.func @computed_additive
+// CHECK-NEXT: model.transpose
+// CHECK-NEXT: model.causal_attention
+// CHECK-NEXT: return
+func.func @computed_additive(%q: tensor<3x4xf32>, %kt: tensor<4x3xf32>, %v: tensor<3x4xf32>) -> tensor<3x4xf32> {
+  %past = model.constant dense<[[true, false, false], [true, true, false], [true, true, true]]> : tensor<3x3xi1>
+  %f = model.cast %past : tensor<3x3xi1> -> tensor<3x3xf32>
+  %zero = model.constant dense<0.0> : tensor<f32>
+  %one = model.constant dense<1.0> : tensor<f32>
+  %ninf = model.constant dense<0xFF800000> : tensor<f32>
+  %is0 = model.cmp eq, %f, %zero : tensor<3x3xf32>, tensor<f32> -> tensor<3x3xi1>
+  %f1 = model.select %is0, %ninf, %f : tensor<3x3xi1>, tensor<f32>, tensor<3x3xf32> -> tensor<3x3xf32>
+  %is1 = model.cmp eq, %f1, %one : tensor<3x3xf32>, tensor<f32> -> tensor<3x3xi1>
+  %mask = model.select %is1, %zero, %f1 : tensor<3x3xi1>, tensor<f32>, tensor<3x3xf32> -> tensor<3x3xf32>
+  %s = model.matmul %q, %kt : tensor<3x4xf32>, tensor<4x3xf32> -> tensor<3x3xf32>
+  %a = model.add %s, %mask : tensor<3x3xf32>, tensor<3x3xf32> -> tensor<3x3xf32>
+  %p = model.softmax %a dim 1 : tensor<3x3xf32>
+  %o = model.matmul %p, %v : tensor<3x3xf32>, tensor<3x4xf32> -> tensor<3x4xf32>
+  return %o : tensor<3x4xf32>
+}
+
+// -----
+
 // Tests a frozen buffer held as a resource blob, as the importer stores
 // initializers (an additive [3, 3] mask: 0 and -inf).
 
