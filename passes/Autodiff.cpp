@@ -20,6 +20,7 @@
 
 namespace mlir::fastllm {
 #define GEN_PASS_DEF_AUTODIFFPASS
+#define GEN_PASS_DEF_MARKFROZENPASS
 #include "passes/Passes.h.inc"
 } // namespace mlir::fastllm
 
@@ -38,11 +39,12 @@ private:
 };
 } // namespace
 
-LogicalResult AutodiffPass::markFrozen(ModuleOp module) {
-  // --train first, so that --freeze wins where both match.
+/// Applies --train, then --freeze (which wins where both match), to the
+/// parameters' `frozen` marks.
+static LogicalResult applyFreezeRegexes(ModuleOp module, StringRef freeze,
+                                        StringRef train) {
   for (auto [pattern, flag, value] :
-       {std::tuple{StringRef(train), "--train", false},
-        std::tuple{StringRef(freeze), "--freeze", true}}) {
+       {std::tuple{train, "--train", false}, std::tuple{freeze, "--freeze", true}}) {
     if (pattern.empty())
       continue;
     llvm::Regex regex(pattern);
@@ -59,6 +61,20 @@ LogicalResult AutodiffPass::markFrozen(ModuleOp module) {
   }
   return success();
 }
+
+LogicalResult AutodiffPass::markFrozen(ModuleOp module) {
+  return applyFreezeRegexes(module, freeze, train);
+}
+
+namespace {
+struct MarkFrozenPass : fastllm::impl::MarkFrozenPassBase<MarkFrozenPass> {
+  using MarkFrozenPassBase::MarkFrozenPassBase;
+  void runOnOperation() override {
+    if (failed(applyFreezeRegexes(getOperation(), freeze, train)))
+      signalPassFailure();
+  }
+};
+} // namespace
 
 static bool isFloatTensor(Value v) {
   auto t = dyn_cast<RankedTensorType>(v.getType());

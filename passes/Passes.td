@@ -28,6 +28,24 @@ def AutodiffPass : Pass<"fastllm-autodiff", "ModuleOp"> {
   let dependentDialects = ["::mlir::fastllm::model::ModelDialect"];
 }
 
+def MarkFrozenPass : Pass<"fastllm-mark-frozen", "ModuleOp"> {
+  let summary = "applies the freeze and train regexes to the `frozen` marks";
+  let description = [{
+    First in the pipeline, so that every later pass sees which parameters
+    train: fastllm-fuse compiles frozen parameters' values in (a causal mask
+    buffer), which a `train` regex applied only at autodiff would unfreeze
+    after the fact. The options mean what fastllm-autodiff's do (it applies
+    them again, to the same effect).
+  }];
+  let options = [
+    Option<"freeze", "freeze", "std::string", /*default=*/"\"\"",
+           "Regex of parameter names to freeze (no gradient, no optimizer state)">,
+    Option<"train", "train", "std::string", /*default=*/"\"\"",
+           "Regex of parameter names to train even though the importer "
+           "froze them">,
+  ];
+}
+
 def FoldTransposesPass : Pass<"fastllm-fold-transposes", "ModuleOp"> {
   let summary = "folds last-two-dims transposes into the matmuls that read them";
   let description = [{

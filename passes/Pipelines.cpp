@@ -12,6 +12,11 @@ using namespace mlir::fastllm;
 
 void mlir::fastllm::buildCpuTrainingPipeline(
     OpPassManager &pm, const TrainingPipelineOptions &options) {
+  // Which parameters train is settled first: fusion reads frozen ones.
+  MarkFrozenPassOptions marks;
+  marks.freeze = options.freeze;
+  marks.train = options.train;
+  pm.addPass(createMarkFrozenPass(marks));
   pm.addNestedPass<func::FuncOp>(createFusePass());
   PartitionStagesPassOptions partition;
   partition.layersPerStage = options.layersPerStage;
