@@ -4,6 +4,9 @@
 // in whatever order the model's Python wrote them. The patterns therefore
 // look at a product as a multiset of factors (flattening nested model.mul
 // ops whose intermediates have one use) instead of matching a fixed tree.
+// Causal attention's mask is matched by value, not by form: KnownTensor
+// reads it at compile time from constants and frozen parameters through
+// the data movement and elementwise ops exporters put in between.
 //
 //===----------------------------------------------------------------------===//
 
