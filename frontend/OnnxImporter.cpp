@@ -92,6 +92,9 @@ static std::string shapeString(ArrayRef<int64_t> shape) {
 // GraphImporter
 //===----------------------------------------------------------------------===//
 
+static bool isCallOf(StringRef copy, StringRef source,
+                     const llvm::StringSet<> &namedModules);
+
 namespace mlir::fastllm {
 class GraphImporter {
 public:
@@ -124,17 +127,43 @@ public:
     auto original = module.lookupSymbol<model::ParameterOp>(source->parameter);
     if (!original)
       return false;
+    // An exporter-named copy read by another call of the module that reads
+    // the source (a shared block called by every layer) is that module's
+    // one weight: its folded copies were merged as equal values.
+    std::string copyModule;
+    if (to.starts_with("onnx::")) {
+      copyModule = matmulModule(to);
+      std::string sourceModule = matmulModule(from);
+      if (!copyModule.empty() && !sourceModule.empty() &&
+          isCallOf(copyModule, sourceModule, namedModules)) {
+        SmallVector<Attribute> calls;
+        if (auto old = original->getAttrOfType<ArrayAttr>("model.call_copies"))
+          calls.append(old.begin(), old.end());
+        calls.push_back(builder.getStringAttr(to));
+        original->setAttr("model.call_copies", builder.getArrayAttr(calls));
+        return false;
+      }
+    }
+    // A folded weight of another module: named after that module, stored
+    // like its source (PyTorch's layout when the source was renamed).
+    std::string name = to.str();
+    if (!copyModule.empty() && original->hasAttr("model.folded_from"))
+      if (std::string claimed = claimWeightName(copyModule); !claimed.empty())
+        name = claimed;
     OpBuilder::InsertionGuard guard(builder);
     builder.setInsertionPointAfter(original);
     auto copy = builder.create<model::ParameterOp>(
-        NameLoc::get(builder.getStringAttr(to), fileLoc), to,
+        NameLoc::get(builder.getStringAttr(name), fileLoc), name,
         original.getTensorType(), original.getInitialValueAttr());
     // The import summary lists each such decision.
     copy->setAttr("model.copied_from",
                   builder.getStringAttr(original.getSymName()));
+    if (name != to)
+      copy->setAttr("model.folded_from", builder.getStringAttr(to));
     ImportedValue v;
     v.type = source->type;
-    v.parameter = to.str();
+    v.parameter = name;
+    v.transposed = source->transposed;
     values[to] = std::move(v);
     return true;
   }
@@ -149,7 +178,10 @@ private:
   LogicalResult checkVersions(const onnx::ModelProto &model);
   LogicalResult importInitializers(onnx::GraphProto &graph);
   void tieFoldedCopies();
-  void nameFoldedWeights(const onnx::GraphProto &graph);
+  void indexNames(const onnx::GraphProto &graph);
+  std::string matmulModule(StringRef value) const;
+  std::string claimWeightName(StringRef modulePath);
+  void nameFoldedWeights();
   LogicalResult decideTrainable(const onnx::ModelProto &model,
                                 func::FuncOp forward);
   LogicalResult bindTokenDims(const onnx::GraphProto &graph);
@@ -175,6 +207,10 @@ private:
   llvm::StringMap<const onnx::ValueInfoProto *> declared;
   llvm::StringMap<int64_t> paramUses;
   int64_t foldedElements = 0;
+  // See indexNames: the readers of exporter-named values, the names the file
+  // uses, and the modules it names in full.
+  llvm::StringMap<SmallVector<std::pair<const onnx::NodeProto *, int>>> readers;
+  llvm::StringSet<> takenNames, namedModules;
 };
 } // namespace mlir::fastllm
 
@@ -650,32 +686,93 @@ static bool scopeMatches(StringRef scope, StringRef path) {
 /// module's full path is used (`transformer.h.0.attn.c_attn.weight`). The
 /// bytes are transposed in place. A weight whose module cannot be told, or
 /// whose would-be name is taken, keeps the exporter's name.
-void GraphImporter::nameFoldedWeights(const onnx::GraphProto &graph) {
-  llvm::StringMap<SmallVector<std::pair<const onnx::NodeProto *, int>>> readers;
+void GraphImporter::indexNames(const onnx::GraphProto &graph) {
   for (const onnx::NodeProto &node : graph.node())
     for (auto [i, in] : llvm::enumerate(node.input()))
       if (StringRef(in).starts_with("onnx::"))
         readers[in].push_back({&node, int(i)});
-  llvm::StringSet<> taken;
   for (const onnx::TensorProto &t : graph.initializer())
-    taken.insert(t.name());
+    takenNames.insert(t.name());
   for (const onnx::NodeProto &node : graph.node())
     for (const std::string &out : node.output())
-      taken.insert(out);
+      takenNames.insert(out);
   // Modules the file names in full: parents of PyTorch-named initializers
   // and of the exporter's Identity copies.
-  llvm::StringSet<> modules;
   auto addModule = [&](StringRef name) {
     size_t dot = name.rfind('.');
     if (!name.starts_with("onnx::") && !name.starts_with("/") &&
         dot != StringRef::npos && dot > 0)
-      modules.insert(name.take_front(dot));
+      namedModules.insert(name.take_front(dot));
   };
   for (const onnx::TensorProto &t : graph.initializer())
     addModule(t.name());
   for (const onnx::NodeProto &node : graph.node())
     if (node.op_type() == "Identity" && node.output_size() == 1)
       addModule(node.output(0));
+}
+
+/// The module (scope path) whose MatMul nodes read exporter-named `value` as
+/// their weight, when all its readers but Identity copies are such nodes of
+/// one module; empty otherwise.
+std::string GraphImporter::matmulModule(StringRef value) const {
+  auto it = readers.find(value);
+  if (it == readers.end())
+    return {};
+  std::string path;
+  for (auto [node, index] : it->second) {
+    if (node->op_type() == "Identity")
+      continue;
+    std::string p = node->op_type() == "MatMul" && index == 1
+                        ? modulePath(node->name())
+                        : std::string();
+    if (p.empty() || (!path.empty() && p != path))
+      return {};
+    path = p;
+  }
+  return path;
+}
+
+/// `<module>.weight` for the module at scope `path` (its full path when
+/// exactly one module named in the file fits the scope), reserved; empty
+/// when that name is taken.
+std::string GraphImporter::claimWeightName(StringRef path) {
+  std::string full;
+  int fits = 0;
+  for (const auto &m : namedModules)
+    if (scopeMatches(path, m.getKey()) && ++fits == 1)
+      full = m.getKey().str();
+  std::string name = (fits == 1 ? full : path.str()) + ".weight";
+  if (takenNames.contains(name) || module.lookupSymbol(name))
+    return {};
+  takenNames.insert(name);
+  return name;
+}
+
+/// True when scope `copy` is another call of the module at scope `source`:
+/// the exporter scopes the k-th call of a module `c_attn` as `c_attn_k`
+/// (ALBERT's shared block: `/block/c_attn_1/MatMul`). A scope the file names
+/// as a module of its own (a bias under it) is not a call.
+static bool isCallOf(StringRef copy, StringRef source,
+                     const llvm::StringSet<> &namedModules) {
+  if (copy != source && namedModules.contains(copy))
+    return false;
+  SmallVector<StringRef> c, s;
+  copy.split(c, '.');
+  source.split(s, '.');
+  if (c.size() != s.size())
+    return false;
+  for (auto [a, b] : llvm::zip(c, s)) {
+    if (a == b)
+      continue;
+    StringRef suffix = a;
+    if (!suffix.consume_front(b) || !suffix.consume_front("_") ||
+        suffix.empty() || !llvm::all_of(suffix, llvm::isDigit))
+      return false;
+  }
+  return true;
+}
+
+void GraphImporter::nameFoldedWeights() {
   SmallVector<model::ParameterOp> params(module.getOps<model::ParameterOp>());
   for (model::ParameterOp param : params) {
     StringRef old = param.getSymName();
@@ -685,29 +782,10 @@ void GraphImporter::nameFoldedWeights(const onnx::GraphProto &graph) {
     if (!old.starts_with("onnx::") || type.getRank() != 2 || !res ||
         !res.getRawHandle().getBlob())
       continue;
-    auto it = readers.find(old);
-    if (it == readers.end())
+    std::string path = matmulModule(old);
+    std::string name = path.empty() ? std::string() : claimWeightName(path);
+    if (name.empty())
       continue;
-    std::string path;
-    bool ok = true;
-    for (auto [node, index] : it->second) {
-      std::string p = node->op_type() == "MatMul" && index == 1
-                          ? modulePath(node->name())
-                          : std::string();
-      ok &= !p.empty() && (path.empty() || p == path);
-      path = p;
-    }
-    if (!ok)
-      continue;
-    std::string full;
-    int fits = 0;
-    for (const auto &m : modules)
-      if (scopeMatches(path, m.getKey()) && ++fits == 1)
-        full = m.getKey().str();
-    std::string name = (fits == 1 ? full : path) + ".weight";
-    if (taken.contains(name) || module.lookupSymbol(name))
-      continue;
-    taken.insert(name);
     // Transpose the bytes where they are (one scratch copy of this tensor).
     int64_t rows = type.getDimSize(0), cols = type.getDimSize(1);
     MutableArrayRef<char> bytes = res.getRawHandle().getBlob()->getMutableData();
@@ -1111,9 +1189,10 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
     module->setAttr("model.graph_name", builder.getStringAttr(graph.name()));
   if (failed(importInitializers(graph)))
     return nullptr;
+  indexNames(graph);
   if (!options.keepSharedInitializers) {
     tieFoldedCopies();
-    nameFoldedWeights(graph);
+    nameFoldedWeights();
   }
 
   if (failed(bindTokenDims(graph)))

@@ -103,6 +103,17 @@ void mlir::fastllm::printModelSummary(ModuleOp module, llvm::raw_ostream &os) {
     }
   header = false;
   for (auto p : module.getOps<model::ParameterOp>())
+    if (auto calls = p->getAttrOfType<ArrayAttr>("model.call_copies")) {
+      if (!header)
+        os << "  folded copies read by other calls of the same module, kept "
+              "one weight (a shared block):\n";
+      header = true;
+      for (Attribute c : calls)
+        os << "    " << cast<StringAttr>(c).getValue() << " = "
+           << p.getSymName() << "\n";
+    }
+  header = false;
+  for (auto p : module.getOps<model::ParameterOp>())
     if (auto from = p->getAttrOfType<StringAttr>("model.folded_from")) {
       if (!header)
         os << "  folded weights named after their module, stored in PyTorch's "
