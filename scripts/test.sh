@@ -78,7 +78,7 @@ tally "$logdir/kill-rank.log" "kill rank tests"
 
 echo "== models written and exported as users do (default init, dedup, tied head) vs PyTorch"
 "$py" "$root/test/e2e/user_exports.py" "$build/bin/fastllm-opt" \
-  2>&1 | grep -E "^(PASS|FAIL|user export)" | tee "$logdir/user-exports.log"
+  2>&1 | grep -E "^(PASS|FAIL|figures|user export)" | tee "$logdir/user-exports.log"
 tally "$logdir/user-exports.log" "user export tests"
 
 echo "== hostile names: no injected code, names survive byte for byte"

@@ -631,7 +631,7 @@ def main():
                     if worst:
                         worst_loss = max(worst_loss, worst[0])
                         worst_weight = max(worst_weight, worst[1])
-            summary.append(f"{kind} {mode}-export: worst loss diff {worst_loss:.2e}, "
+            summary.append(f"figures: {kind} {mode}-export: worst loss diff {worst_loss:.2e}, "
                            f"worst weight diff {worst_weight:.2e}")
             for ok, name, detail in results:
                 print(("PASS " if ok else "FAIL ") + name + (f": {detail}" if detail else ""),
