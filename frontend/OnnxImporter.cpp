@@ -742,7 +742,9 @@ std::string GraphImporter::claimWeightName(StringRef path) {
     if (scopeMatches(path, m.getKey()) && ++fits == 1)
       full = m.getKey().str();
   std::string name = (fits == 1 ? full : path.str()) + ".weight";
-  if (takenNames.contains(name) || module.lookupSymbol(name))
+  // Node names are the file's: they must make a name weights files can hold.
+  if (takenNames.contains(name) || module.lookupSymbol(name) ||
+      !llvm::json::isUTF8(name))
     return {};
   takenNames.insert(name);
   return name;

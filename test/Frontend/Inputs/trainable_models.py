@@ -57,3 +57,12 @@ save("plain.onnx", {})
 save("listed.onnx", {"fastllm.trainable_parameters": json.dumps(["fill", "zero"]),
                      "fastllm.frozen_parameters": json.dumps(["w"])})
 save("bad-metadata.onnx", {"fastllm.trainable_parameters": '{"w": 1}'})
+
+# A module path that is not UTF-8 (ONNX's protobuf does not check node
+# names): the folded weight keeps its generated name rather than become a
+# parameter name no weights file can hold.
+with open(os.path.join(out, "plain.onnx"), "rb") as f:
+    data = f.read()
+assert data.count(b"/blk/fc/MatMul") == 1
+with open(os.path.join(out, "bad-node-name.onnx"), "wb") as f:
+    f.write(data.replace(b"/blk/fc/MatMul", b"/blk/\xff\xfe/MatMul"))
