@@ -45,7 +45,6 @@ import sys
 import tempfile
 import warnings
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -56,6 +55,7 @@ sys.path.insert(0, os.path.join(ROOT, "test", "models"))
 sys.path.insert(0, HERE)
 import export_models  # noqa: E402
 from train_vs_pytorch import token_data, torch_losses  # noqa: E402
+import torch_reference  # noqa: E402
 
 SEQ, GLOBAL = 32, 8
 HP = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
@@ -165,22 +165,8 @@ def shared_torch_losses(kind, data, steps):
     """PyTorch's AdamW on the model exported, on the samples the sequential
     sampler gives (GLOBAL x SEQ tokens a step), decay on >= 2-dim tensors."""
     model = shared_model(kind)
-    params = list(model.parameters())  # shared and tied tensors once
-    opt = torch.optim.AdamW(
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": HP["weight_decay"]},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]), eps=HP["eps"])
-    n, losses = len(data), []
-    for s in range(steps):
-        offs = [((s * GLOBAL + i) * SEQ) % (n - SEQ - 1) for i in range(GLOBAL)]
-        x = torch.tensor(np.stack([data[o:o + SEQ] for o in offs]).astype(np.int64))
-        y = torch.tensor(np.stack([data[o + 1:o + SEQ + 1] for o in offs]).astype(np.int64))
-        opt.zero_grad()
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-    return losses
+    return torch_reference.train(model, model.parameters(),  # shared and tied tensors once
+                                 torch_reference.sequential_batches(data, steps, GLOBAL, SEQ), HP)
 
 
 def export_shared(kind, path):

@@ -43,6 +43,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import torch_reference
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
@@ -164,16 +166,6 @@ def make_model():
     return GPT()
 
 
-def batches(data, steps):
-    """--sampler sequential's global batches."""
-    n = len(data)
-    for s in range(steps):
-        offs = [((s * GLOBAL + i) * SEQ) % (n - SEQ - 1) for i in range(GLOBAL)]
-        x = np.stack([data[o:o + SEQ] for o in offs]).astype(np.int64)
-        y = np.stack([data[o + 1:o + SEQ + 1] for o in offs]).astype(np.int64)
-        yield torch.tensor(x), torch.tensor(y)
-
-
 def dropout_call_order(model):
     """The nn.Dropout modules in the order one forward calls them."""
     order = []
@@ -196,21 +188,9 @@ def torch_train(data, sites, seed):
             keep = keep_mask(tuple(x.shape), p, seed, state["step"], 0, site)
             return x * torch.tensor(keep.astype(np.float32) * scale(p))
         module.forward = forward
-    params = list(model.parameters())
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": HP["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]), eps=HP["eps"])
-    losses = []
-    for step, (x, y) in enumerate(batches(data, STEPS)):
-        state["step"] = step
-        opt.zero_grad()
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-    return losses
+    return torch_reference.train(
+        model, model.parameters(), torch_reference.sequential_batches(data, STEPS, GLOBAL, SEQ),
+        HP, before_step=lambda step: state.update(step=step))
 
 
 def export(path):

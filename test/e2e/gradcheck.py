@@ -52,7 +52,6 @@ failure. --keep DIR keeps the work files, -v prints every parameter, --rules
 A,B checks a subset (a smaller, faster model).
 """
 import argparse
-import json
 import math
 import os
 import re
@@ -72,6 +71,7 @@ import onnx
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+import torch_reference  # noqa: E402
 import dropout as philox_dropout  # noqa: E402  (the masks, as runtime/Philox.h)
 
 VOCAB = 256
@@ -440,23 +440,6 @@ def step0_batch(data, batch, seq):
     return torch.tensor(x), torch.tensor(y)
 
 
-def read_safetensors(path):
-    raw = open(path, "rb").read()
-    hlen = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + hlen])
-    base = 8 + hlen
-    dtypes = {"F32": np.float32, "F64": np.float64, "F16": np.float16,
-              "I64": np.int64, "I32": np.int32}
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = info["data_offsets"]
-        out[name] = np.frombuffer(raw[base + b:base + e],
-                                  dtype=dtypes[info["dtype"]]).reshape(info["shape"])
-    return out
-
-
 def run_tool(argv, retries=5):
     """Runs the compiler, retrying while its binary is missing or being
     relinked (not there, "text file busy", or killed by a signal)."""
@@ -591,7 +574,7 @@ def main():
     if proc.returncode != 0:
         msg = "train failed: " + proc.stderr.strip()[-3000:]
         finish({r: (False, msg) for r in rules})
-    ours = read_safetensors(grads_path)
+    ours = torch_reference.read_safetensors(grads_path)
 
     plan = open(os.path.join(out, "plan.mlir")).read()
     # Which form the plan differentiated (fused op or the exporter's chain).

@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "test", "models"))
 import export_models  # noqa: E402
+import torch_reference  # noqa: E402
 
 CASES = {
     "gpt2-erf-fold": ["--model", "gpt2", "--gelu", "erf", "--fold", "on"],
@@ -58,25 +59,9 @@ def torch_losses(cfg, data, steps, batch, accum, seq, hp, freeze=None):
             p.requires_grad_(False)
         else:
             trained.append(p)
-    decay = [p for p in trained if p.dim() >= 2]
-    no_decay = [p for p in trained if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": hp["weight_decay"]},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"])
-    G = batch * accum
-    n = len(data)
-    losses = []
-    for s in range(steps):
-        offs = [((s * G + i) * seq) % (n - seq - 1) for i in range(G)]
-        x = torch.tensor(np.stack([data[o:o + seq] for o in offs]).astype(np.int64))
-        y = torch.tensor(np.stack([data[o + 1:o + seq + 1] for o in offs]).astype(np.int64))
-        opt.zero_grad()
-        loss = model(x, y)  # the mean over all G x T tokens
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-    return losses
+    # the loss is the mean over all G x T tokens
+    return torch_reference.train(
+        model, trained, torch_reference.sequential_batches(data, steps, batch * accum, seq), hp)
 
 
 def run_case(name, args, tool, workdir, steps, rtol):

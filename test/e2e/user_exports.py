@@ -46,7 +46,6 @@ import argparse
 import json
 import math
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -61,6 +60,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import fastllm_export  # noqa: E402
+import torch_reference  # noqa: E402
 
 # Exported with the micro-batch MICRO (the exporter fixes the shapes); the
 # global batch BATCH is 2 micro-batches: --grad-accum 2 on one rank, one
@@ -413,30 +413,10 @@ def make_model(kind):
 
 # --- PyTorch reference ------------------------------------------------------
 
-def batches(data, steps):
-    n = len(data)
-    for s in range(steps):
-        offs = [((s * BATCH + i) * SEQ) % (n - SEQ - 1) for i in range(BATCH)]
-        x = np.stack([data[o:o + SEQ] for o in offs]).astype(np.int64)
-        y = np.stack([data[o + 1:o + SEQ + 1] for o in offs]).astype(np.int64)
-        yield torch.tensor(x), torch.tensor(y)
-
-
 def torch_train(kind, data, dtype):
     model = make_model(kind).to(dtype)
-    params = list(model.parameters())  # a tied weight once
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": HP["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]), eps=HP["eps"])
-    losses = []
-    for x, y in batches(data, STEPS):
-        opt.zero_grad()
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
+    losses = torch_reference.train(model, model.parameters(),  # a tied weight once
+                                   torch_reference.sequential_batches(data, STEPS, BATCH, SEQ), HP)
     return losses, model
 
 
@@ -456,19 +436,6 @@ def export(kind, mode, path):
             torch.onnx.export(model, (x, x), path, input_names=["idx", "targets"],
                               output_names=["loss"], training=torch.onnx.TrainingMode.TRAINING,
                               do_constant_folding=True)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
-        blob = f.read()
-    header.pop("__metadata__", None)
-    out = {}
-    for name, meta in header.items():
-        begin, end = meta["data_offsets"]
-        out[name] = np.frombuffer(blob[begin:end], dtype=np.float32).reshape(meta["shape"])
-    return out
 
 
 def rel_l2(a, b):
@@ -514,8 +481,8 @@ def match_weights(kind, start, saved):
 
 
 def check_weights(kind, start_path, saved_path, ref32, ref64):
-    saved = read_safetensors(saved_path)
-    found, unknown, renamed = match_weights(kind, read_safetensors(start_path), saved)
+    saved = torch_reference.read_safetensors(saved_path)
+    found, unknown, renamed = match_weights(kind, torch_reference.read_safetensors(start_path), saved)
     final32 = {k: v.detach().numpy() for k, v in ref32.state_dict().items()}
     final64 = {k: v.detach().numpy() for k, v in ref64.state_dict().items()}
     param_names = {n for n, _ in make_model(kind).named_parameters()}
