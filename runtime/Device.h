@@ -22,6 +22,10 @@ namespace fastllm::rt {
 /// The PlanInfo::target this build trains: "cpu" or "cuda".
 const char *deviceTarget();
 
+/// The device as the plan line shows it: the target, and for the CUDA
+/// emulation that it is emulated (and how).
+const char *deviceDescription();
+
 /// Prepares the device for the process that is local rank `localRank` on
 /// its machine (CUDA: picks GPU localRank % count). An error names what is
 /// missing (no GPU, a driver too old).

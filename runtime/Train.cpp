@@ -165,7 +165,7 @@ std::string planSummary(const PlanInfo &plan, const Options &opts) {
                 "plan: %s | %lld params (%lld trainable) | dp %d, ZeRO-%d, "
                 "%d stage%s | arena %.1f MiB | batch %lld x seq %lld x accum "
                 "%lld | %lld steps",
-                plan.target, (long long)counts.total,
+                deviceDescription(), (long long)counts.total,
                 (long long)counts.trainable, plan.dataParallel, plan.zeroStage,
                 plan.numStages, plan.numStages == 1 ? "" : "s",
                 plan.arenaBytes / 1048576.0, (long long)plan.batchSize,
@@ -429,6 +429,10 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       deviceFill(gradShard, shardElements(plan), 0.0f);
     double lossSum = 0;
     for (int64_t micro = 0; micro < opts.gradAccum; ++micro) {
+      // The host writes the tokens into the arena: nothing may run on the
+      // device meanwhile (the fill above), since managed memory without
+      // concurrent access may not be touched by the host while a kernel runs.
+      synchronizeDevice();
       fillMicroBatch(*data, sampler, s, rank, micro, tokens, targets);
       // Dropout's masks are keyed by the samples, not by rank or
       // micro-batch: dp, --grad-accum and ZeRO stage do not change them.

@@ -10,7 +10,7 @@ packages=(
   clang-19 lld-19 libclang-rt-19-dev
   libonnx-dev libprotobuf-dev protobuf-compiler
   libopenblas-dev libopenmpi-dev openmpi-bin
-  libgtest-dev libomp-19-dev
+  libgtest-dev libomp-19-dev libboost-context-dev
   python3-torch python3-onnx python3-numpy libonnx-testdata
 )
 

@@ -9,6 +9,8 @@ using namespace fastllm::rt;
 
 const char *fastllm::rt::deviceTarget() { return "cpu"; }
 
+const char *fastllm::rt::deviceDescription() { return "cpu"; }
+
 Status fastllm::rt::initDevice(int) { return Status(); }
 
 Expected<Arena> fastllm::rt::allocateArena(int64_t bytes) {

@@ -10,15 +10,33 @@
 #include "runtime/cuda/Kernels.cuh"
 
 #include <cuda_runtime.h>
+#ifdef FASTLLM_CUDA_EMULATION
+#include "runtime/cuda/emu/Stream.h"
+#endif
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 using namespace fastllm::rt;
 
 const char *fastllm::rt::deviceTarget() { return "cuda"; }
+
+const char *fastllm::rt::deviceDescription() {
+#ifdef FASTLLM_CUDA_EMULATION
+  static const std::string text = [] {
+    const char *schedule = std::getenv("FASTLLM_CUDA_EMU_SCHEDULE");
+    return std::string("cuda, emulated on the CPU (schedule ") +
+           (schedule && *schedule ? schedule : "inorder") + ", streams " +
+           (fastllm::emu::threadedStreams() ? "threads" : "inorder") + ")";
+  }();
+  return text.c_str();
+#else
+  return "cuda";
+#endif
+}
 
 Status fastllm::rt::initDevice(int localRank) {
   int count = 0;
@@ -137,16 +155,16 @@ void fastllm::rt::deviceScale(float *out, const float *in, int64_t n,
   if (scale == 1.0f)
     return deviceCopy(out, in, n);
   if (n > 0)
-    scaleKernel<<<blocksFor(n), kThreads, 0, cuda::stream()>>>(out, in, n,
-                                                               scale, false);
+    FASTLLM_LAUNCH(blocksFor(n), kThreads, 0, cuda::stream(), scaleKernel)(
+        out, in, n, scale, false);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 
 void fastllm::rt::deviceAddScaled(float *out, const float *in, int64_t n,
                                   float scale) {
   if (n > 0)
-    scaleKernel<<<blocksFor(n), kThreads, 0, cuda::stream()>>>(out, in, n,
-                                                               scale, true);
+    FASTLLM_LAUNCH(blocksFor(n), kThreads, 0, cuda::stream(), scaleKernel)(
+        out, in, n, scale, true);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -241,8 +259,8 @@ double fastllm::rt::deviceSumOfSquares(const AdamW &opt,
   const DevicePieces &p = piecesOf(opt);
   if (!p.count)
     return 0;
-  sumOfSquaresKernel<<<unsigned(p.count), kThreads, 0, cuda::stream()>>>(
-      gradShard, p.chunks, p.partials);
+  FASTLLM_LAUNCH(unsigned(p.count), kThreads, 0, cuda::stream(),
+                 sumOfSquaresKernel)(gradShard, p.chunks, p.partials);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
   // Added on the host in piece order, as the CPU does: the result does not
   // depend on timing.
@@ -263,7 +281,7 @@ void fastllm::rt::deviceClipGradients(const AdamW &opt, float *gradShard,
   const DevicePieces &p = piecesOf(opt);
   if (coef == 1.0f || !p.count)
     return;
-  clipKernel<<<unsigned(p.count), kThreads, 0, cuda::stream()>>>(
+  FASTLLM_LAUNCH(unsigned(p.count), kThreads, 0, cuda::stream(), clipKernel)(
       gradShard, p.chunks, coef);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
@@ -274,7 +292,7 @@ void fastllm::rt::deviceAdamWStep(const AdamW &opt, float *master,
   const DevicePieces &p = piecesOf(opt);
   if (!p.count)
     return;
-  adamwKernel<<<unsigned(p.count), kThreads, 0, cuda::stream()>>>(
+  FASTLLM_LAUNCH(unsigned(p.count), kThreads, 0, cuda::stream(), adamwKernel)(
       master, gradShard, m, v, p.chunks, opt.scalarsAt(lr, t));
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }

@@ -171,7 +171,7 @@ detail::MatmulPlan detail::planMatmul(int batchRank, const int64_t *batchShape,
                                       const int64_t *aBatchStrides,
                                       const int64_t *bBatchStrides, int64_t m,
                                       int64_t k, bool transA) {
-  assert(batchRank >= 0 && batchRank <= kMaxRank && "rank above kMaxRank");
+  detail::checkRank(batchRank, "matmul");
   int64_t dims[kMaxRank], strides[2][kMaxRank];
   for (int d = 0; d < batchRank; ++d) {
     dims[d] = batchShape[d];
@@ -207,7 +207,7 @@ detail::MatmulPlan detail::planMatmul(int batchRank, const int64_t *batchShape,
 
 detail::TransposePlan detail::planTranspose(int rank, const int64_t *inShape,
                                             const int64_t *perm) {
-  assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
+  detail::checkRank(rank, "transpose");
   TransposePlan plan{};
   int64_t inStrides[kMaxRank], strides[1][kMaxRank];
   contiguousStrides(rank, inShape, inStrides);
@@ -254,7 +254,7 @@ detail::TransposePlan detail::planTranspose(int rank, const int64_t *inShape,
 
 detail::ReducePlan detail::planReduce(int rank, const int64_t *shape,
                                       const bool *reducedDims) {
-  assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
+  detail::checkRank(rank, "reduce");
   ReducePlan plan{};
   plan.keptCount = plan.redCount = 1;
   for (int d = 0; d < rank; ++d)
@@ -621,7 +621,8 @@ void launchGatherGrad(Acc *sums, const T *dout, const Idx *idx, int64_t outer,
     return;
   const int64_t bands = detail::gatherGradBands(outer, dimSize, inner);
   LaunchConfig launch = gridFor(outer * bands * inner);
-  gatherGradKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                 gatherGradKernel<Acc, T, Idx>)(
       sums, dout, idx, outer, dimSize, numIdx, inner, bands);
   checkLaunch();
 }
@@ -652,7 +653,8 @@ void transpose(T *out, const T *in, int rank, const int64_t *inShape,
   const dim3 block(detail::kTransposeTile, 8);
   const unsigned blocks = static_cast<unsigned>(
       std::min<int64_t>(plan.numTiles, detail::kMaxGridBlocks));
-  transposeTilesKernel<<<blocks, block, 0, stream()>>>(out, in, plan);
+  FASTLLM_LAUNCH(blocks, block, 0, stream(), transposeTilesKernel<T>)(
+      out, in, plan);
   checkLaunch();
 }
 
@@ -660,6 +662,7 @@ template <typename T>
 void slice(T *out, const T *in, int rank, const int64_t *inShape,
            const int64_t *start, const int64_t *stride,
            const int64_t *outShape) {
+  detail::checkRank(rank, "slice");
   int64_t strides[kMaxRank];
   int64_t offset = sliceLayout(rank, inShape, start, stride, strides);
   elementwise(out, rank, outShape, Identity(), In<T>{in + offset, strides});
@@ -669,7 +672,7 @@ template <typename T>
 void sliceGrad(T *din, const T *dout, int rank, const int64_t *inShape,
                const int64_t *start, const int64_t *stride,
                const int64_t *outShape) {
-  assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
+  detail::checkRank(rank, "sliceGrad");
   const int64_t inCount = numElements(rank, inShape);
   if (inCount == 0)
     return;
@@ -685,7 +688,7 @@ void sliceGrad(T *din, const T *dout, int rank, const int64_t *inShape,
   // flat index.
   at.rank = detail::collapseDims(rank, at.shape, 1, &at.strides);
   LaunchConfig launch = gridFor(total);
-  scatterKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), scatterKernel<T>)(
       din + offset, at, total, dout);
   checkLaunch();
 }
@@ -701,7 +704,8 @@ void concat(T *out, int numInputs, const T *const *ins, const int64_t *sizes,
     const int64_t len = sizes[i] * inner;
     if (len > 0 && outer > 0) { // an empty input may have no buffer
       LaunchConfig launch = gridFor(outer * len);
-      copyRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+      FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                     copyRowsKernel<T>)(
           out + first, outRow, ins[i], outer, len);
       checkLaunch();
     }
@@ -716,7 +720,8 @@ void gather(T *out, const T *in, const Idx *idx, int64_t outer, int64_t dimSize,
   if (total == 0)
     return;
   LaunchConfig launch = gridFor(total);
-  gatherKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                 gatherKernel<T, Idx>)(
       out, in, idx, total, dimSize, numIdx, inner);
   checkLaunch();
 }
@@ -803,14 +808,16 @@ void launchReduce(T *out, const T *in, const detail::ReducePlan &plan, Acc init,
                   Combine combine, int64_t meanCount) {
   if (plan.innerReduced) {
     LaunchConfig launch = rowsFor(plan.keptCount);
-    reduceContiguousKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   reduceContiguousKernel<T, Acc, Combine>)(
         out, in, plan, init, combine, meanCount);
   } else {
     const unsigned blocks = static_cast<unsigned>(
         std::clamp<int64_t>((plan.keptCount + kColumnTile - 1) / kColumnTile, 1,
                             detail::kMaxGridBlocks));
-    reduceStridedKernel<<<blocks, dim3(kColumnTile, kColumnLanes), 0,
-                          stream()>>>(out, in, plan, init, combine, meanCount);
+    FASTLLM_LAUNCH(blocks, dim3(kColumnTile, kColumnLanes), 0, stream(),
+                   reduceStridedKernel<T, Acc, Combine>)(
+        out, in, plan, init, combine, meanCount);
   }
   checkLaunch();
 }
@@ -951,12 +958,12 @@ void softmax(T *y, const T *x, int64_t outer, int64_t n, int64_t inner,
     return;
   if (inner > 1) {
     LaunchConfig launch = gridFor(outer * inner);
-    softmaxColumnsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
-        y, x, outer, n, inner, log);
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   softmaxColumnsKernel<T>)(y, x, outer, n, inner, log);
   } else {
     LaunchConfig launch = rowsFor(outer);
-    softmaxRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
-        y, x, outer, n, log);
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   softmaxRowsKernel<T>)(y, x, outer, n, log);
   }
   checkLaunch();
 }
@@ -968,12 +975,13 @@ void softmaxGrad(T *dx, const T *y, const T *dy, int64_t outer, int64_t n,
     return;
   if (inner > 1) {
     LaunchConfig launch = gridFor(outer * inner);
-    softmaxGradColumnsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   softmaxGradColumnsKernel<T>)(
         dx, y, dy, outer, n, inner, log);
   } else {
     LaunchConfig launch = rowsFor(outer);
-    softmaxGradRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
-        dx, y, dy, outer, n, log);
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   softmaxGradRowsKernel<T>)(dx, y, dy, outer, n, log);
   }
   checkLaunch();
 }
@@ -1142,8 +1150,9 @@ void launchNormColumnSums(detail::NoDeduce<T> *dscale,
     return;
   const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(
       (cols + kColumnTile - 1) / kColumnTile, 1, detail::kMaxGridBlocks));
-  normColumnSumsKernel<<<blocks, dim3(kColumnTile, kColumnLanes), 0,
-                         stream()>>>(dscale, dbias, x, dy, stats, rows, cols);
+  FASTLLM_LAUNCH(blocks, dim3(kColumnTile, kColumnLanes), 0, stream(),
+                 normColumnSumsKernel<T>)(
+      dscale, dbias, x, dy, stats, rows, cols);
   checkLaunch();
 }
 
@@ -1156,7 +1165,7 @@ void layerNorm(T *y, const T *x, const T *scale,
   if (rows == 0 || cols == 0)
     return;
   LaunchConfig launch = rowsFor(rows);
-  layerNormKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), layerNormKernel<T>)(
       y, x, scale, bias, rows, cols, eps);
   checkLaunch();
 }
@@ -1170,7 +1179,8 @@ void layerNormGrad(T *dx, detail::NoDeduce<T> *dscale,
   Scratch<float2> stats(rows);
   if (rows > 0) {
     LaunchConfig launch = rowsFor(rows);
-    layerNormGradRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   layerNormGradRowsKernel<T>)(
         dx, stats.get(), x, scale, dy, rows, cols, eps);
     checkLaunch();
   }
@@ -1183,7 +1193,7 @@ void rmsNorm(T *y, const T *x, const T *scale, int64_t rows, int64_t cols,
   if (rows == 0 || cols == 0)
     return;
   LaunchConfig launch = rowsFor(rows);
-  rmsNormKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), rmsNormKernel<T>)(
       y, x, scale, rows, cols, eps);
   checkLaunch();
 }
@@ -1196,7 +1206,8 @@ void rmsNormGrad(T *dx, detail::NoDeduce<T> *dscale, const T *x, const T *scale,
   Scratch<float2> stats(rows);
   if (rows > 0) {
     LaunchConfig launch = rowsFor(rows);
-    rmsNormGradRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   rmsNormGradRowsKernel<T>)(
         dx, stats.get(), x, scale, dy, rows, cols, eps);
     checkLaunch();
   }
@@ -1301,7 +1312,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     attentionForwardKernel(T *out, float *lse, const T *q, const T *k,
                            const T *v, int64_t t, int64_t d, int64_t dv,
                            float scale) {
-  extern __shared__ float shared[];
+  FASTLLM_DYNAMIC_SHARED(float, shared, 16);
   const ForwardShared at(d, dv);
   float *qs = shared + at.q, *ks = shared + at.k, *vs = shared + at.v;
   float *os = shared + at.o, *ps = shared + at.p;
@@ -1379,7 +1390,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     attentionQueryGradKernel(T *dQ, const T *q, const T *k, const T *v,
                              const T *out, const float *lse, const T *dout,
                              int64_t t, int64_t d, int64_t dv, float scale) {
-  extern __shared__ float shared[];
+  FASTLLM_DYNAMIC_SHARED(float, shared, 16);
   const QueryGradShared at(d, dv);
   float *qs = shared + at.q, *dos = shared + at.dout, *ks = shared + at.k;
   float *vs = shared + at.v, *dqs = shared + at.dq, *dss = shared + at.ds;
@@ -1460,7 +1471,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                                 const T *v, const T *out, const float *lse,
                                 const T *dout, int64_t t, int64_t d, int64_t dv,
                                 float scale) {
-  extern __shared__ float shared[];
+  FASTLLM_DYNAMIC_SHARED(float, shared, 16);
   const KeyValueGradShared at(d, dv);
   float *ks = shared + at.k, *vs = shared + at.v, *qs = shared + at.q;
   float *dos = shared + at.dout, *lses = shared + at.lse;
@@ -1725,7 +1736,7 @@ __global__ void __launch_bounds__(kTcThreads)
     attentionForwardTcKernel(Bf16 *out, float *lse, const Bf16 *q,
                              const Bf16 *k, const Bf16 *v, int64_t t,
                              int64_t d, int64_t dv, float scale) {
-  extern __shared__ __align__(128) unsigned char tcShared[];
+  FASTLLM_DYNAMIC_SHARED(unsigned char, tcShared, 128);
   const TcShared at(detail::AttentionKernel::TcForward, d, dv);
   Bf16 *qs = reinterpret_cast<Bf16 *>(tcShared + at.q);
   Bf16 *ks = reinterpret_cast<Bf16 *>(tcShared + at.k);
@@ -1805,7 +1816,7 @@ __global__ void __launch_bounds__(kTcThreads)
                                const Bf16 *v, const Bf16 *out,
                                const float *lse, const Bf16 *dout, int64_t t,
                                int64_t d, int64_t dv, float scale) {
-  extern __shared__ __align__(128) unsigned char tcShared[];
+  FASTLLM_DYNAMIC_SHARED(unsigned char, tcShared, 128);
   const TcShared at(detail::AttentionKernel::TcQueryGrad, d, dv);
   Bf16 *qs = reinterpret_cast<Bf16 *>(tcShared + at.q);
   Bf16 *ks = reinterpret_cast<Bf16 *>(tcShared + at.k);
@@ -1868,7 +1879,7 @@ __global__ void __launch_bounds__(kTcThreads)
                                   const Bf16 *out, const float *lse,
                                   const Bf16 *dout, int64_t t, int64_t d,
                                   int64_t dv, float scale) {
-  extern __shared__ __align__(128) unsigned char tcShared[];
+  FASTLLM_DYNAMIC_SHARED(unsigned char, tcShared, 128);
   const TcShared at(detail::AttentionKernel::TcKeyValueGrad, d, dv);
   Bf16 *qs = reinterpret_cast<Bf16 *>(tcShared + at.q);
   Bf16 *ks = reinterpret_cast<Bf16 *>(tcShared + at.k);
@@ -2034,9 +2045,9 @@ void causalAttention(T *out, float *lse, const T *q, const T *k, const T *v,
           detail::AttentionKernel::TcForward, d, dv);
       reserveSharedMemory(attentionForwardTcKernel, bytes, "causalAttention",
                           d, dv);
-      attentionForwardTcKernel<<<tcAttentionBlocks(batch, t), kTcThreads,
-                                 bytes, stream()>>>(out, lse, q, k, v, t, d,
-                                                    dv, scale);
+      FASTLLM_LAUNCH(tcAttentionBlocks(batch, t), kTcThreads, bytes, stream(),
+                     attentionForwardTcKernel)(
+          out, lse, q, k, v, t, d, dv, scale);
       checkLaunch();
       return;
     }
@@ -2045,8 +2056,8 @@ void causalAttention(T *out, float *lse, const T *q, const T *k, const T *v,
       detail::attentionSharedBytes(detail::AttentionKernel::Forward, d, dv);
   reserveSharedMemory(attentionForwardKernel<T>, bytes, "causalAttention", d,
                       dv);
-  attentionForwardKernel<<<attentionBlocks(batch, t), kAttnThreads, bytes,
-                           stream()>>>(out, lse, q, k, v, t, d, dv, scale);
+  FASTLLM_LAUNCH(attentionBlocks(batch, t), kAttnThreads, bytes, stream(),
+                 attentionForwardKernel<T>)(out, lse, q, k, v, t, d, dv, scale);
   checkLaunch();
 }
 
@@ -2064,14 +2075,16 @@ void causalAttentionGrad(T *dQ, T *dK, T *dV, const T *q, const T *k,
           detail::AttentionKernel::TcKeyValueGrad, d, dv);
       reserveSharedMemory(attentionKeyValueGradTcKernel, kvBytes,
                           "causalAttentionGrad", d, dv);
-      attentionKeyValueGradTcKernel<<<blocks, kTcThreads, kvBytes, stream()>>>(
+      FASTLLM_LAUNCH(blocks, kTcThreads, kvBytes, stream(),
+                     attentionKeyValueGradTcKernel)(
           dK, dV, q, k, v, out, lse, dout, t, d, dv, scale);
       checkLaunch();
       const size_t qBytes = detail::attentionSharedBytes(
           detail::AttentionKernel::TcQueryGrad, d, dv);
       reserveSharedMemory(attentionQueryGradTcKernel, qBytes,
                           "causalAttentionGrad", d, dv);
-      attentionQueryGradTcKernel<<<blocks, kTcThreads, qBytes, stream()>>>(
+      FASTLLM_LAUNCH(blocks, kTcThreads, qBytes, stream(),
+                     attentionQueryGradTcKernel)(
           dQ, q, k, v, out, lse, dout, t, d, dv, scale);
       checkLaunch();
       return;
@@ -2082,14 +2095,16 @@ void causalAttentionGrad(T *dQ, T *dK, T *dV, const T *q, const T *k,
       detail::AttentionKernel::KeyValueGrad, d, dv);
   reserveSharedMemory(attentionKeyValueGradKernel<T>, kvBytes,
                       "causalAttentionGrad", d, dv);
-  attentionKeyValueGradKernel<<<blocks, kAttnThreads, kvBytes, stream()>>>(
+  FASTLLM_LAUNCH(blocks, kAttnThreads, kvBytes, stream(),
+                 attentionKeyValueGradKernel<T>)(
       dK, dV, q, k, v, out, lse, dout, t, d, dv, scale);
   checkLaunch();
   const size_t qBytes =
       detail::attentionSharedBytes(detail::AttentionKernel::QueryGrad, d, dv);
   reserveSharedMemory(attentionQueryGradKernel<T>, qBytes,
                       "causalAttentionGrad", d, dv);
-  attentionQueryGradKernel<<<blocks, kAttnThreads, qBytes, stream()>>>(
+  FASTLLM_LAUNCH(blocks, kAttnThreads, qBytes, stream(),
+                 attentionQueryGradKernel<T>)(
       dQ, q, k, v, out, lse, dout, t, d, dv, scale);
   checkLaunch();
 }
@@ -2218,7 +2233,7 @@ RowGrad rowGradFor(const float *dloss, const Idx *targets, int64_t rows,
                    float *meanGrad) {
   if (r != Reduction::Mean)
     return {dloss, r == Reduction::None};
-  meanGradKernel<<<1, kSingleBlockThreads, 0, stream()>>>(
+  FASTLLM_LAUNCH(1, kSingleBlockThreads, 0, stream(), meanGradKernel<Idx>)(
       meanGrad, dloss, targets, rows, hasIgnore, ignoreIndex);
   checkLaunch();
   return {meanGrad, false};
@@ -2284,19 +2299,22 @@ void crossEntropy(float *loss, const T *logits, const Idx *targets,
   if (r == Reduction::None) {
     if (rows == 0)
       return;
-    crossEntropyRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   crossEntropyRowsKernel<Idx, T, float>)(
         loss, logits, targets, rows, classes, hasIgnore, ignoreIndex);
     return checkLaunch();
   }
   Scratch<double> perRow(rows);
   if (rows > 0) {
-    crossEntropyRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   crossEntropyRowsKernel<Idx, T, double>)(
         perRow.get(), logits, targets, rows, classes, hasIgnore, ignoreIndex);
     checkLaunch();
   }
-  sumLossKernel<<<1, kSingleBlockThreads, 0, stream()>>>(
-      loss, SavedRowLoss{perRow.get()}, targets, rows, hasIgnore, ignoreIndex,
-      r == Reduction::Mean);
+  FASTLLM_LAUNCH(1, kSingleBlockThreads, 0, stream(),
+                 sumLossKernel<Idx, SavedRowLoss>)(
+      loss, SavedRowLoss{perRow.get()}, targets, rows, hasIgnore, ignoreIndex, r
+      == Reduction::Mean);
   checkLaunch();
 }
 
@@ -2310,7 +2328,8 @@ void crossEntropyGrad(T *dlogits, const T *logits, const Idx *targets,
   const RowGrad grad = rowGradFor(dloss, targets, rows, hasIgnore, ignoreIndex,
                                   r, meanGrad.get());
   const LaunchConfig launch = rowsFor(rows);
-  crossEntropyGradKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                 crossEntropyGradKernel<Idx, T>)(
       dlogits, logits, targets, grad, rows, classes, hasIgnore, ignoreIndex);
   checkLaunch();
 }
@@ -2323,11 +2342,13 @@ void nllLoss(float *loss, const T *input, const Idx *targets, int64_t rows,
     if (rows == 0)
       return;
     const LaunchConfig launch = gridFor(rows);
-    nllRowsKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   nllRowsKernel<Idx, T>)(
         loss, input, targets, rows, classes, hasIgnore, ignoreIndex);
     return checkLaunch();
   }
-  sumLossKernel<<<1, kSingleBlockThreads, 0, stream()>>>(
+  FASTLLM_LAUNCH(1, kSingleBlockThreads, 0, stream(),
+                 sumLossKernel<Idx, NllRowLoss<Idx, T>>)(
       loss, NllRowLoss<Idx, T>{input, targets, classes}, targets, rows,
       hasIgnore, ignoreIndex, r == Reduction::Mean);
   checkLaunch();
@@ -2343,7 +2364,8 @@ void nllLossGrad(T *dinput, const Idx *targets, const float *dloss,
   const RowGrad grad = rowGradFor(dloss, targets, rows, hasIgnore, ignoreIndex,
                                   r, meanGrad.get());
   const LaunchConfig launch = gridFor(rows * classes);
-  nllLossGradKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                 nllLossGradKernel<Idx, T>)(
       dinput, targets, grad, rows, classes, hasIgnore, ignoreIndex);
   checkLaunch();
 }

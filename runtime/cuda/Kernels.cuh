@@ -68,6 +68,7 @@
 #include <utility>
 
 #include "runtime/Philox.h"
+#include "runtime/cuda/Launch.cuh"
 
 namespace fastllm::rt::cuda {
 
@@ -103,6 +104,20 @@ void setStream(cudaStream_t s);
 
 /// The largest rank the strided kernels accept.
 inline constexpr int kMaxRank = 8;
+
+namespace detail {
+/// Aborts with `what` unless 0 <= rank <= kMaxRank: the kernels' parameters
+/// hold shapes in fixed arrays of kMaxRank, so a larger rank is refused in
+/// every build (not only where asserts are compiled in).
+inline void checkRank(int rank, const char *what) {
+  if (rank >= 0 && rank <= kMaxRank)
+    return;
+  char reason[80];
+  std::snprintf(reason, sizeof(reason), "rank %d is outside 0..%d", rank,
+                kMaxRank);
+  fail(__FILE__, __LINE__, what, reason);
+}
+} // namespace detail
 
 //===----------------------------------------------------------------------===//
 // Scalar math for elementwise functors
@@ -347,7 +362,7 @@ template <int N> struct ElementwiseLayout {
 template <int N>
 ElementwiseLayout<N> makeElementwiseLayout(int rank, const int64_t *shape,
                                            const int64_t *const *strides) {
-  assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
+  checkRank(rank, "elementwise");
   ElementwiseLayout<N> layout{};
   layout.total = 1;
   for (int d = 0; d < rank; ++d) {
@@ -582,9 +597,9 @@ void elementwise(Out *out, int rank, const int64_t *shape, F f, In<T>... ins) {
   if (layout.total == 0)
     return;
   detail::LaunchConfig launch = detail::gridFor(layout.total);
-  detail::elementwiseKernel<Out, F, kNumIn>
-      <<<launch.blocks, launch.threads, 0, stream()>>>(out, f, layout,
-                                                       ins.data...);
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                 detail::elementwiseKernel<Out, F, kNumIn, T...>)(
+      out, f, layout, ins.data...);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -669,8 +684,8 @@ template <typename T> void fill(T *out, int64_t n, detail::NoDeduce<T> value) {
   if (n <= 0)
     return;
   detail::LaunchConfig launch = detail::gridFor(n);
-  detail::fillKernel<<<launch.blocks, launch.threads, 0, stream()>>>(out, n,
-                                                                     value);
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                 detail::fillKernel<T>)(out, n, value);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -686,7 +701,8 @@ void dropout(T *out, const T *in, bool splatInput, int64_t n,
     return;
   const int64_t groups = (perSample + 3) / 4, total = n / perSample * groups;
   detail::LaunchConfig launch = detail::gridFor(total);
-  detail::dropoutKernel<<<launch.blocks, launch.threads, 0, stream()>>>(
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                 detail::dropoutKernel<T>)(
       out, in, splatInput, perSample, groups, total, site, threshold, scale,
       seed, step, firstSample);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
@@ -707,8 +723,8 @@ template <typename T, typename U> void addInto(T *acc, const U *x, int64_t n) {
   if (n <= 0)
     return;
   detail::LaunchConfig launch = detail::gridFor(n);
-  detail::addIntoKernel<<<launch.blocks, launch.threads, 0, stream()>>>(acc, x,
-                                                                        n);
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                 detail::addIntoKernel<T, U>)(acc, x, n);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 
