@@ -323,8 +323,11 @@ static bool runLogged(ArrayRef<std::string> args, StringRef log,
 /// runtime, and the target's device and kernel libraries. The compilers'
 /// output goes to DIR/build.log and is shown on failure. CUDA: nvcc compiles
 /// the step (for FASTLLM_CUDA_ARCH, with the host compiler as nvcc's host
-/// compiler) and the host compiler links.
-static bool buildBinary(StringRef dir, mlir::fastllm::Target target) {
+/// compiler) and the host compiler links. CUDA emulation: the host compiler
+/// builds the same train_step.cu against the CUDA emulation
+/// (runtime/cuda/emu/) and links its libraries instead of the CUDA ones.
+static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
+                        bool cudaEmulation) {
   std::string cxx = FASTLLM_HOST_CXX;
   if (const char *env = std::getenv("FASTLLM_CXX"))
     cxx = env;
@@ -338,7 +341,22 @@ static bool buildBinary(StringRef dir, mlir::fastllm::Target target) {
   std::string log = path("build.log"), binary = path("train");
   std::string lib = FASTLLM_RUNTIME_LIB_DIR;
   std::vector<std::string> link = {cxx, "-fopenmp"};
-  if (cuda) {
+  if (cuda && cudaEmulation) {
+    std::string object = path("train_step.o");
+    std::string emulation = FASTLLM_SOURCE_DIR "/runtime/cuda/emu/Emulation.h";
+    if (!runLogged({cxx, "-x", "c++", "-std=c++17", "-O2",
+                    "-DFASTLLM_CUDA_EMULATION", "-include", emulation,
+                    "-ffp-contract=off", "-I" FASTLLM_SOURCE_DIR,
+                    "-I" FASTLLM_CUDA_INCLUDE_DIR, "-c", source, "-o", object},
+                   log, "compiling " + source + " for the CUDA emulation"))
+      return false;
+    link.insert(link.end(),
+                {object, "-Wl,--start-group", lib + "/libfastllm_rt_main.a",
+                 lib + "/libfastllm_rt.a", lib + "/libfastllm_rt_cuda_emu.a",
+                 lib + "/libfastllm_cuda_kernels_emu.a",
+                 lib + "/libfastllm_cuda_emu.a", "-Wl,--end-group",
+                 "-lboost_context", "-lpthread"});
+  } else if (cuda) {
     std::string nvcc = FASTLLM_NVCC;
     if (const char *env = std::getenv("FASTLLM_NVCC"))
       nvcc = env;
@@ -401,6 +419,13 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
       "target",
       cl::desc("cpu, or cuda (CUDA C++ built with nvcc for " FASTLLM_CUDA_ARCH ")"),
       cl::init("cpu"), cl::cat(category));
+  cl::opt<bool> cudaEmulation(
+      "cuda-emulation",
+      cl::desc("--target cuda: build the same CUDA source with the host "
+               "compiler against the CUDA emulation, for a `train` that runs "
+               "on CPUs (one emulated H100 per rank; kernels, cuBLASLt and "
+               "NCCL emulated)"),
+      cl::cat(category));
   cl::opt<std::string> precision(
       "precision",
       cl::desc("Compute precision: fp32, or bf16 (--target cuda: bf16 "
@@ -471,6 +496,15 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
   }
   const mlir::fastllm::Target emitTarget =
       target == "cuda" ? mlir::fastllm::Target::Cuda : mlir::fastllm::Target::Cpu;
+  if (cudaEmulation && emitTarget != mlir::fastllm::Target::Cuda) {
+    compileError() << "--cuda-emulation needs --target cuda\n";
+    return 1;
+  }
+  if (cudaEmulation && !*FASTLLM_CUDA_INCLUDE_DIR) {
+    compileError() << "this fastllm-opt was built without the CUDA toolkit, "
+                      "whose headers the CUDA emulation is built against\n";
+    return 1;
+  }
   if (precision != "fp32" && precision != "bf16") {
     compileError() << "--precision " << precision
                    << " is not a precision (supported: fp32, bf16)\n";
@@ -641,7 +675,7 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
     return 1;
   if (emit == "source")
     return output.commit() ? 0 : 1;
-  if (!buildBinary(output.stagingDir(), emitTarget))
+  if (!buildBinary(output.stagingDir(), emitTarget, cudaEmulation))
     return 1;
   return output.commit() ? 0 : 1;
 }

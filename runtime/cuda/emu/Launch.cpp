@@ -160,6 +160,9 @@ struct Block {
   uint3 index;
   std::vector<Thread> threads;
   int warps = 0;
+  /// Per warp, how many of its lanes wait in a warp operation: the lanes'
+  /// operations are compared only once enough of them are there.
+  std::vector<int> inWarpOp;
   int atBarrier = 0;
   int done = 0;
   std::vector<unsigned char> *shared;
@@ -291,6 +294,7 @@ bool tryCompleteWarpOp(Block &b, int w, const Thread &arriving) {
     }
     t.state = State::Ready;
   }
+  b.inWarpOp[size_t(w)] -= __builtin_popcount(mine.mask);
   return true;
 }
 
@@ -400,6 +404,7 @@ void runGrid(const LaunchSpec &spec) {
             for (unsigned tx = 0; tx < spec.block.x; ++tx)
               b.threads[i++].index = make_uint3(tx, ty, tz);
         b.atBarrier = b.done = 0;
+        b.inWarpOp.assign(size_t(b.warps), 0);
         std::memset(shared.data(), 0xff, shared.size());
         runBlock(b);
       }
@@ -463,8 +468,13 @@ uint64_t fastllm::emu::warpOp(WarpOpKind kind, unsigned mask, uint64_t bits,
   t.op.file = file;
   t.op.line = line;
   t.state = State::InWarpOp;
-  if (!tryCompleteWarpOp(b, linearIndex(b, t) / 32, t) ||
-      schedule() == Schedule::InOrder)
+  const int w = linearIndex(b, t) / 32;
+  // A lane that exited is reported by the check below, once the others
+  // are there; one that never comes, by the deadlock check.
+  const bool complete =
+      ++b.inWarpOp[size_t(w)] >= __builtin_popcount(mask) &&
+      tryCompleteWarpOp(b, w, t);
+  if (!complete || schedule() == Schedule::InOrder)
     yield(t);
   return t.op.result;
 }
