@@ -117,8 +117,11 @@ Expected<std::unique_ptr<Communicator>> Communicator::create(int *argc,
                   "process");
   if (!launched())
     return createLocal();
+  // The runtime itself calls MPI from the main thread only (FUNNELED). The
+  // CUDA emulation's NCCL calls it from stream threads too, and checks that
+  // it got MULTIPLE: ask for it, require what the runtime needs.
   int provided = 0;
-  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) !=
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) !=
       MPI_SUCCESS)
     return errorf("cannot initialise MPI");
   std::unique_ptr<Communicator> comm(new Communicator());

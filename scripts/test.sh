@@ -71,6 +71,12 @@ echo "== the CUDA target: nvcc builds; on a GPU, training equals the CPU target"
   2>&1 | grep -v "bytes, export" | tee "$logdir/cuda.log"
 tally "$logdir/cuda.log" "cuda tests"
 
+echo "== the CUDA target on CPUs (--cuda-emulation): fp32, bf16, dp 2 ZeRO-1/2/3, a killed rank"
+"$py" "$root/test/e2e/cuda_emulation.py" "$build/bin/fastllm-opt" \
+  2>&1 | grep -E "^(PASS|FAIL|[a-z0-9]+: [0-9]+ s|cuda emulation)" \
+  | tee "$logdir/cuda-emulation.log"
+tally "$logdir/cuda-emulation.log" "cuda emulation tests"
+
 echo "== a killed or hung rank ends the job, naming a rank"
 "$py" "$root/test/e2e/kill_rank.py" "$build/bin/fastllm-opt" \
   2>&1 | tee "$logdir/kill-rank.log"

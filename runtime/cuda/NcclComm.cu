@@ -12,8 +12,8 @@
 // stream), so compute queued ahead of it is not counted. When one outlives
 // the timeout, a non-blocking call does not settle within it, or NCCL
 // reports an asynchronous error (a peer died), the first thread to see it
-// prints `train: error: rank R: step S: <collective> ...`, aborts the
-// communicator (ncclCommAbort) and ends the process with exit code 1;
+// prints `train: error: rank R: step S: <collective> ...` and ends the
+// process with exit code 1 (without ncclCommAbort, see fail());
 // mpirun then ends the job. Teardown aborts too: finalising would wait for
 // peers, and a rank leaving on an error would hang there; a clean run ends
 // training with a barrier after its last collective (runtime/Train.cpp), so
@@ -49,8 +49,12 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t result, double timeout) {
   const Clock::time_point deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(timeout));
-  while (result == ncclInProgress && Clock::now() < deadline)
+  while (result == ncclInProgress && Clock::now() < deadline) {
     ncclCommGetAsyncError(comm, &result);
+    // NCCL progresses on its own threads: poll without taking a core.
+    if (result == ncclInProgress)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
   if (result == ncclInProgress)
     ncclCommGetAsyncError(comm, &result);
   return result;
@@ -224,6 +228,16 @@ void NcclShardComm::watch() {
   std::unique_lock<std::mutex> guard(lock);
   while (!stopping) {
     wake.wait_for(guard, std::chrono::milliseconds(100));
+    // Finished collectives first, so that an error names the one in flight.
+    for (auto it = inFlight.begin(); it != inFlight.end();) {
+      if (cudaEventQuery(it->second.done) != cudaSuccess) {
+        ++it;
+        continue;
+      }
+      cudaEventDestroy(it->second.begun);
+      cudaEventDestroy(it->second.done);
+      it = inFlight.erase(it);
+    }
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
@@ -272,7 +286,10 @@ void NcclShardComm::fail(const char *what, int64_t step, const char *why) {
   std::fprintf(stderr, "train: error: rank %d: step %lld: %s %s\n",
                mpi.rank(), (long long)step, what, why);
   std::fflush(stderr);
-  ncclCommAbort(comm);
+  // No ncclCommAbort: the other thread may be inside an NCCL call on the
+  // communicator (freeing it under that call is a use after free), and an
+  // abort can itself hang on a broken peer, leaving nothing to end the
+  // process. Exiting releases the GPU and the communicator's resources.
   std::_Exit(1); // mpirun ends the other ranks
 }
 
