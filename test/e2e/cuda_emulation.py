@@ -129,7 +129,7 @@ def kill_rank(out, data):
         named = re.search(r"rank 1\b[^\n]*(exited|killed|signal)", text)
         ok = proc.returncode != 0 and named is not None
         return ok, (f"exit {proc.returncode} in {time.time() - start:.1f} s; "
-                    + (f"says '{named.group(0)}'" if named else f"no line naming rank 1 in:\n"
+                    + (f"says '{named.group(0)}'" if named else "no line naming rank 1 in:\n"
                        + text[-1500:]))
     finally:
         if proc.poll() is None:
