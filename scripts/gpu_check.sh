@@ -27,7 +27,7 @@ run() { # NAME COMMAND...
 }
 run "generated-step smoke" "$build/bin/fastllm-cuda-generated-smoke"
 run "CUDA kernels and device vs CPU" \
-  bash -c "cd '$build' && ctest -L cuda --output-on-failure"
+  bash -c "cd '$build' && ctest -L '^cuda$' --output-on-failure"
 run "training vs CPU and PyTorch" \
   "$py" "$root/test/e2e/cuda_vs_cpu.py" --tool "$build/bin/fastllm-opt"
 if ((bench)); then

@@ -13,7 +13,9 @@ For the GPT-2- and Llama-style exports (constant folding on), batch 4 x seq
   - dp 2 with ZeRO-1, 2 and 3 under mpirun (NCCL emulated over MPI), 10
     steps: within 1e-5 of the emulated dp 1 run; ZeRO-3 runs with each
     stream on its own host thread (FASTLLM_CUDA_EMU_STREAMS=threads), so a
-    missing wait between the compute and communication streams would show;
+    missing wait between the compute and communication streams would show
+    (and does: the same run with every wait left out,
+    FASTLLM_CUDA_EMU_DROP_STREAM_WAITS=1, must go wrong);
   - a SIGKILLed rank of a dp 2 ZeRO-3 run ends the job, which names it.
 Prints PASS/FAIL per case and `cuda emulation tests: P passed, F failed`.
 """
@@ -225,6 +227,19 @@ def main():
             report(rel <= 1e-5 and len(two) == DP_STEPS, name,
                    f"max rel loss diff {rel:.1e}"
                    f"{' (streams on their own threads)' if env else ''}")
+        if model == "gpt2" and one is not None:
+            # The threads mode's point: without the waits between the compute
+            # and communication streams, ZeRO-3 reads weights before they are
+            # gathered, and the run goes wrong.
+            out_dir = os.path.join(work, f"{model}-emu-dp2-zero3")
+            racy, err = train(out_dir, data_path, DP_STEPS, np_=2,
+                              env={"FASTLLM_CUDA_EMU_STREAMS": "threads",
+                                   "FASTLLM_CUDA_EMU_DROP_STREAM_WAITS": "1"})
+            caught = racy is None or len(racy) != DP_STEPS or max_rel(racy, one) > 1e-5
+            report(caught, f"{model} emulated CUDA: streams on threads catch a missing wait",
+                   "ZeRO-3 dp 2 without cudaStreamWaitEvent: " +
+                   (f"the run failed: {err[-300:]}" if racy is None else
+                    f"max rel loss diff vs dp 1 {max_rel(racy, one):.1e}"))
         if model == "gpt2":
             ok, detail = kill_rank(os.path.join(work, f"{model}-emu-dp2-zero3"), data_path)
             report(ok, f"{model} emulated CUDA: a killed rank ends the job, named", detail)

@@ -276,6 +276,22 @@ bool tryCompleteWarpOp(Block &b, int w, const Thread &arriving) {
       blockFatal(b, &arriving, mine.file, mine.line, m);
     }
   }
+  // A lane waiting in another operation that names any of these lanes
+  // could never complete: they are in this one.
+  for (int l = 0; l < width; ++l) {
+    const Thread &t = lanes[l];
+    if (mine.mask >> l & 1 || t.state != State::InWarpOp ||
+        !(t.op.mask & mine.mask))
+      continue;
+    char m[320];
+    std::snprintf(m, sizeof(m),
+                  "%s with mask 0x%08x meets lane %d in %s with mask 0x%08x "
+                  "at %s:%d (the lanes of a warp operation must make the "
+                  "same call with the same mask and arguments)",
+                  opName(mine.kind), mine.mask, l, opName(t.op.kind),
+                  t.op.mask, baseName(t.op.file), t.op.line);
+    blockFatal(b, &arriving, mine.file, mine.line, m);
+  }
   for (int l = 0; l < 32; ++l) {
     if (!(mine.mask >> l & 1))
       continue;

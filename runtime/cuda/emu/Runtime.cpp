@@ -8,6 +8,9 @@
 // code the CUDA runtime documents; a call or attribute the emulation does not
 // know is reported (fatal), never ignored.
 //
+// FASTLLM_CUDA_EMU_DROP_STREAM_WAITS=1 turns cudaStreamWaitEvent into
+// nothing: the test that proves the threads mode catches a missing wait.
+//
 // Streams in `threads` mode: every stream, the legacy default one included,
 // owns a host thread that runs its work items in order. A work item may
 // depend on other streams reaching a count of completed items (an event
@@ -681,6 +684,14 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
   if (!event || flags != 0)
     return fail(cudaErrorInvalidValue);
   CUstream_st *s = resolve(stream);
+  // FASTLLM_CUDA_EMU_DROP_STREAM_WAITS=1: every wait is left out, to show
+  // that the threads mode catches a missing one (the test of that mode).
+  static const bool dropWaits = [] {
+    const char *v = std::getenv("FASTLLM_CUDA_EMU_DROP_STREAM_WAITS");
+    return v && !std::strcmp(v, "1");
+  }();
+  if (dropWaits)
+    return cudaSuccess;
   CUstream_st::Item wait;
   {
     std::lock_guard<std::mutex> guard(lock);
