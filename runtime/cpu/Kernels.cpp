@@ -229,6 +229,10 @@ void configureBlas() {
 
 /// Below this many flops a batched product stays on one thread.
 static constexpr double kMinParallelFlops = 1 << 20;
+/// The most rows (or columns) of C one single-threaded GEMM computes: large
+/// enough that BLAS runs near its peak and packs the other operand rarely
+/// (once per kGemmBand rows), small enough to give every thread work.
+static constexpr int64_t kGemmBand = 256;
 
 /// C = op(A)·op(B) + beta·C (beta 0 or 1).
 static void gemm(float *c, const float *a, const float *b, int batchRank,
@@ -260,15 +264,16 @@ static void gemm(float *c, const float *a, const float *b, int batchRank,
   configureBlas();
 
   // Work is split into batch × parts single-threaded GEMMs, each part a band
-  // of C along its longer side. parts makes the unit count a multiple of the
-  // thread count, so a small or odd batch still keeps every thread busy; a
-  // large batch of small products (attention heads) runs one per unit.
+  // of at most kGemmBand rows or columns of C along its longer side. The
+  // split is a function of the shapes alone: BLAS may pick another kernel,
+  // and so another order of the sums, for another band shape (OpenBLAS's
+  // small-matrix kernels on AVX-512 do), so a split that followed the thread
+  // count would change the bits with it.
   double flops = 2.0 * batch * m * n * k;
   int threads = flops < kMinParallelFlops ? 1 : numThreadsFor(kParallelGrain);
   bool splitRows = m >= n;
   int64_t side = splitRows ? m : n;
-  int64_t parts = threads / std::gcd<int64_t>(batch, threads);
-  parts = std::max<int64_t>(1, std::min(parts, side / 16));
+  int64_t parts = (side + kGemmBand - 1) / kGemmBand;
   int64_t band = (side + parts - 1) / parts;
   const int64_t lda = transA ? m : k, ldb = transB ? k : n;
 
