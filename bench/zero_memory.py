@@ -3,7 +3,7 @@
 
 Exports a GPT-2-style model (default: GPT-2 124M, 12 layers, d 768, 12
 heads, vocab 50257), compiles it with `--dp 4 --zero-stage Z` for Z = 1, 2, 3
-and prints the plan's per-rank memory next to the ZeRO arithmetic of DESIGN.md
+and prints the plan's per-rank memory next to the ZeRO arithmetic of docs/DESIGN.md
 section 3, for Psi padded parameter elements, dp ranks, G and W the elements
 of the gradient and weight slots (fp32 = 4 bytes):
 
@@ -66,7 +66,7 @@ def main():
                        check=True, capture_output=True)
         plan = json.load(open(os.path.join(out, "plan.json")))
         m = plan["memory_per_rank"]
-        psi = plan["memory"]["param_elements"]
+        psi = plan["plan"]["param_elements"]
         g = sum(s["elements"] for s in plan["grad_slots"])
         w = sum(s["elements"] for s in plan["weight_slots"])
         want = {1: (4 * psi, 4 * psi), 2: (4 * psi, 4 * g), 3: (4 * w, 4 * g)}[zero]

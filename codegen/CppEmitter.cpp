@@ -14,7 +14,8 @@
 
 #include "codegen/CppEmitter.h"
 #include "ir/ModelDialect.h"
-#include "passes/MemoryPlan.h"
+#include "ir/Plan.h"
+#include "runtime/ModelABI.h"
 #include "runtime/OutputFile.h"
 #include "runtime/Philox.h"
 
@@ -244,48 +245,28 @@ LogicalResult CpuEmitter::emitConstants(func::FuncOp step) {
 
 LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
   auto step = module.lookupSymbol<func::FuncOp>("train_step");
-  // Token ids are bounded by the loss's class dim and by the rows of any
-  // table the tokens index.
-  int64_t vocab = -1;
-  auto bound = [&](int64_t v) { vocab = vocab < 0 ? v : std::min(vocab, v); };
-  // Only the losses on the targets input and the lookups of the tokens input
-  // bound the data; other losses (on constant labels) do not.
-  auto source = [](Value v) {
-    while (auto reshape = v.getDefiningOp<ReshapeOp>())
-      v = reshape.getInput();
-    return v;
-  };
-  step.walk([&](Operation *op) {
-    if (isa<CrossEntropyOp, NllLossOp>(op) &&
-        source(op->getOperand(1)) == step.getArgument(plan.targetsArg))
-      bound(tensorType(op->getOperand(0)).getShape().back());
-    if (auto gather = dyn_cast<GatherOp>(op))
-      if (source(gather.getIndices()) == step.getArgument(plan.tokensArg))
-        bound(tensorType(gather.getInput()).getDimSize(gather.getDim()));
-  });
-  if (vocab < 0)
-    return step.emitError("cannot tell the vocabulary size: no loss and no "
-                          "gather of the tokens");
-  ArrayRef<int64_t> tokShape =
-      tensorType(step.getArgument(plan.tokensArg)).getShape();
-  if (tokShape.size() != 2 ||
-      tensorType(step.getArgument(plan.targetsArg)).getShape() != tokShape)
-    return step.emitError("tokens and targets must both be [batch, seq]");
-  for (int64_t arg : {plan.tokensArg, plan.targetsArg})
-    if (!tensorType(step.getArgument(arg)).getElementType().isInteger(64))
-      return step.emitError("the tokens and targets inputs must be int64");
+  if (plan.vocabSize < 1 || plan.batchSize < 1)
+    return module.emitError("the plan has no data sizes; run "
+                            "fastllm-prepare-emission");
   auto argName = [&](int64_t i) {
     auto n = step.getArgAttrOfType<StringAttr>(i, "model.name");
     return n ? n.getValue().str() : "arg" + std::to_string(i);
   };
 
-  os << "const ParamInfo kParams[] = {\n";
+  // The tables: rows of a few numbers each, in the order of the members of
+  // runtime/ModelABI.h's ParamInfo, StageInfo and SlotInfo (named in a
+  // comment above each table).
+  os << "// {name, nameBytes, rank, shape, numel, offset, trainable, "
+        "weightDecay}\n"
+     << "const ParamInfo kParams[] = {\n";
   int numParams = 0;
   for (auto p : module.getOps<ParameterOp>()) {
     RankedTensorType t = p.getTensorType();
     auto offset = p->getAttrOfType<IntegerAttr>(kParamOffsetAttr);
-    if (!offset)
-      return p.emitOpError("has no planned offset; run fastllm-plan-memory");
+    auto decay = p->getAttrOfType<BoolAttr>(kWeightDecayAttr);
+    if (!offset || !decay)
+      return p.emitOpError("has no planned offset or weight decay; run "
+                           "fastllm-plan-memory and fastllm-prepare-emission");
     if (t.getRank() > 8)
       return p.emitOpError("has rank ") << t.getRank() << "; at most 8 is supported";
     paramIndex[p.getSymName()] = numParams;
@@ -293,13 +274,14 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
        << ", " << t.getRank() << ", "
        << list(t.getShape()) << ", " << t.getNumElements() << ", "
        << offset.getInt() << ", " << (p.getFrozen() ? 0 : 1) << ", "
-       << (t.getRank() >= 2 ? 1 : 0) << "},\n";
+       << (decay.getValue() ? 1 : 0) << "},\n";
     ++numParams;
   }
   if (!numParams)
     os << "    {\"\", 0, 0, {0}, 0, 0, 0, 0},\n";
   os << "};\n\n";
-  os << "const StageInfo kStages[] = {\n";
+  os << "// {offset, elements, gradSlot, weightSlot}\n"
+     << "const StageInfo kStages[] = {\n";
   for (int64_t k = 0; k < plan.numStages(); ++k)
     os << "    {" << plan.stageOffsets[k] << ", " << plan.stageElements[k]
        << ", " << plan.stageGradSlot[k] << ", " << plan.stageWeightSlot[k]
@@ -309,7 +291,8 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
   os << "};\n\n";
   auto slots = [&](StringRef name, ArrayRef<int64_t> offsets,
                    ArrayRef<int64_t> elements) {
-    os << "const SlotInfo " << name << "[] = {\n";
+    os << "// {offset, elements}\n"
+       << "const SlotInfo " << name << "[] = {\n";
     for (size_t i = 0; i < offsets.size(); ++i)
       os << "    {" << offsets[i] << ", " << elements[i] << "},\n";
     if (offsets.empty())
@@ -318,30 +301,28 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
   };
   slots("kGradSlots", plan.gradSlotOffsets, plan.gradSlotElements);
   slots("kWeightSlots", plan.weightSlotOffsets, plan.weightSlotElements);
-  os << "const PlanInfo kPlan = {\n"
-     << "    kAbiVersion, \"" << targetName(target) << "\", " << tokShape[0]
-     << ", " << tokShape[1]
-     << ", " << vocab << ",\n"
-     << "    " << cString(argName(plan.tokensArg)) << ", "
-     << cString(argName(plan.targetsArg)) << ",\n"
-     << "    " << numParams << ", kParams, " << plan.paramElements << ",\n"
-     << "    /*dataParallel=*/" << plan.dataParallel << ", /*zeroStage=*/"
-     << plan.zeroStage << ", " << plan.numStages() << ", kStages,\n"
-     << "    " << plan.arenaBytes << ",\n"
-     << "    " << plan.paramsOffset << ", " << plan.gradsOffset << ",\n"
-     << "    " << plan.gradSlotOffsets.size() << ", kGradSlots, "
-     << plan.weightSlotOffsets.size() << ", kWeightSlots,\n"
-     << "    " << plan.frozenOffset << ", " << plan.frozenElements << ",\n"
-     << "    " << plan.masterOffset << ", " << plan.adamMOffset << ", "
-     << plan.adamVOffset << ", " << plan.gradShardOffset << ",\n"
-     << "    " << plan.tokensOffset << ", " << plan.targetsOffset << ",\n"
-     << "    " << plan.activationsOffset << ", " << plan.activationsBytes
-     << ", " << plan.activationsUnsharedBytes << ",\n"
-     << "    " << plan.reduceScatterBytesPerMicroBatch << ", "
-     << plan.allGatherBytesPerMicroBatch << ", "
-     << plan.reduceScatterBytesPerStep << ", " << plan.allGatherBytesPerStep
-     << ",\n"
-     << "};\n";
+
+  // PlanInfo by member name: the plan's scalars from runtime/PlanFields.def,
+  // then the rest.
+  os << "PlanInfo makePlan() {\n"
+     << "  PlanInfo p{};\n"
+     << "  p.abiVersion = kAbiVersion;\n";
+#define FASTLLM_PLAN_FIELD(type, name, key, none, doc)                         \
+  os << "  p." #name " = " << plan.name << ";\n";
+#include "runtime/PlanFields.def"
+  os << "  p.target = \"" << targetName(target) << "\";\n"
+     << "  p.tokensInput = " << cString(argName(plan.tokensArg)) << ";\n"
+     << "  p.targetsInput = " << cString(argName(plan.targetsArg)) << ";\n"
+     << "  p.numParams = " << numParams << ";\n"
+     << "  p.params = kParams;\n"
+     << "  p.numStages = " << plan.numStages() << ";\n"
+     << "  p.stages = kStages;\n"
+     << "  p.numGradSlots = " << plan.gradSlotOffsets.size() << ";\n"
+     << "  p.gradSlots = kGradSlots;\n"
+     << "  p.numWeightSlots = " << plan.weightSlotOffsets.size() << ";\n"
+     << "  p.weightSlots = kWeightSlots;\n"
+     << "  return p;\n"
+     << "}\n";
   return success();
 }
 
@@ -924,8 +905,7 @@ LogicalResult CpuEmitter::emit() {
   std::string planText = std::move(text);
   text.clear();
 
-  microBatch = std::max<int64_t>(
-      1, tensorType(step.getArgument(plan->tokensArg)).getDimSize(0));
+  microBatch = plan->batchSize;
   // The step's body first: it decides which functors exist.
   for (auto [arg, offset] : {std::pair{plan->tokensArg, plan->tokensOffset},
                              std::pair{plan->targetsArg, plan->targetsOffset}}) {
@@ -948,11 +928,18 @@ LogicalResult CpuEmitter::emit() {
       << "#include <cmath>\n#include <cstdint>\n\n"
       << "using namespace fastllm::rt;\nusing namespace fastllm::rt::"
       << (cuda ? "cuda" : "cpu") << ";\n\n"
+      << "static_assert(kAbiVersion == " << ::fastllm::rt::kAbiVersion
+      << ",\n              \"this file was generated for runtime ABI "
+      << ::fastllm::rt::kAbiVersion
+      << "; recompile the model with the fastllm-opt of this runtime\");\n\n"
       << "namespace {\n"
       << planText << "\n"
       << constants << "\n"
       << functorDefs << "} // namespace\n\n"
-      << "extern \"C\" const PlanInfo *fastllm_plan() { return &kPlan; }\n\n"
+      << "extern \"C\" const PlanInfo *fastllm_plan() {\n"
+      << "  static const PlanInfo plan = makePlan();\n"
+      << "  return &plan;\n"
+      << "}\n\n"
       << "extern \"C\" float fastllm_step(char *arena, const Collectives *comm,\n"
       << "                              const StepContext *context) {\n"
       << "  (void)comm;\n  (void)context;\n"

@@ -26,6 +26,8 @@ def Model_Dialect : Dialect {
   }];
   let useDefaultAttributePrinterParser = 1;
   let useDefaultTypePrinterParser = 1;
+  // The plan's attributes (PlanDialect.td) are verified wherever model IR is.
+  let dependentDialects = ["::mlir::fastllm::plan::PlanDialect"];
 }
 
 //===----------------------------------------------------------------------===//

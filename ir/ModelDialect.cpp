@@ -1,6 +1,7 @@
 //===- ModelDialect.cpp - model dialect ops and verifiers -----------------===//
 
 #include "ir/ModelDialect.h"
+#include "ir/Plan.h"
 #include "llvm/ADT/SmallString.h"
 
 #include "mlir/IR/Builders.h"

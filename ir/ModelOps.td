@@ -738,7 +738,7 @@ def Model_SliceGradOp : Model_Op<"slice_grad", [Pure]> {
 }
 
 //===----------------------------------------------------------------------===//
-// Distributed plan (DESIGN.md section 3): collectives of a ZeRO-2/3 step
+// Distributed plan (docs/DESIGN.md section 3): collectives of a ZeRO-2/3 step
 //===----------------------------------------------------------------------===//
 //
 // A stage's parameters are one flat array split into dp equal shards; every

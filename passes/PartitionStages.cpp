@@ -1,6 +1,7 @@
 //===- PartitionStages.cpp - layers from structure, stages from layers ----===//
 
 #include "passes/Passes.h"
+#include "passes/Pipelines.h"
 #include "passes/Zero.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -94,11 +95,10 @@ SmallVector<Segment> findSegments(Block &body) {
 
 void PartitionStagesPass::runOnOperation() {
   ModuleOp module = getOperation();
-  if (!(layersPerStage > 0) || !std::isfinite(layersPerStage)) {
-    module.emitError("layers-per-stage must be a positive finite number, got ")
-        << layersPerStage.getValue();
+  if (failed(verifyLayersPerStage(layersPerStage, "", [&](const Twine &msg) {
+        module.emitError(msg);
+      })))
     return signalPassFailure();
-  }
   // Fast-LLM's rule: a stage closes once the running layer count reaches the
   // last cut plus F, the cuts advancing by F. Below one layer a stage still
   // holds a whole layer (never an empty stage), so F < 1 means 1.

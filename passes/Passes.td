@@ -99,7 +99,7 @@ def MixedPrecisionPass : Pass<"fastllm-mixed-precision", "ModuleOp"> {
 def ZeroLayoutPass : Pass<"fastllm-zero-layout", "ModuleOp"> {
   let summary = "ZeRO step 1: lays out the stages' parameters and assigns buffer slots";
   let description = [{
-    Decides the distributed plan of `func.func @train_step` (DESIGN.md
+    Decides the distributed plan of `func.func @train_step` (docs/DESIGN.md
     section 3) and records it in the module's `plan.memory`:
 
     - parameters are laid end to end in one flat fp32 array, ordered by
@@ -122,10 +122,10 @@ def ZeroLayoutPass : Pass<"fastllm-zero-layout", "ModuleOp"> {
            "the master weights, moments and reduced gradients are sharded">,
     Option<"zeroStage", "zero-stage", "int64_t", /*default=*/"1",
            "ZeRO stage (1, 2 or 3)">,
-    Option<"numGradBuffers", "num-grad-buffers", "int64_t", /*default=*/"-1",
-           "Gradient slots shared by the stages (ZeRO-2/3; default 2)">,
-    Option<"numWeightBuffers", "num-weight-buffers", "int64_t", /*default=*/"-1",
-           "Weight slots shared by the stages (ZeRO-3; default 2)">,
+    Option<"numGradBuffers", "num-grad-buffers", "int64_t", /*default=*/"2",
+           "Gradient slots shared by the stages (ZeRO-2/3 only)">,
+    Option<"numWeightBuffers", "num-weight-buffers", "int64_t", /*default=*/"2",
+           "Weight slots shared by the stages (ZeRO-3 only)">,
     Option<"alignment", "alignment", "int64_t", /*default=*/"64",
            "Alignment of every parameter tensor, in bytes">,
     Option<"fullPrecisionGradients", "full-precision-gradients", "bool",
@@ -166,7 +166,7 @@ def PlanMemoryPass : Pass<"fastllm-plan-memory", "ModuleOp"> {
   let summary = "lays out one static arena per process and assigns every buffer";
   let description = [{
     Places the regions of one rank's arena for the layout of
-    fastllm-zero-layout (DESIGN.md section 3):
+    fastllm-zero-layout (docs/DESIGN.md section 3):
 
     - ZeRO-1 and 2: the full weights (ZeRO-3: the weight slots); ZeRO-1: the
       full gradients (ZeRO-2/3: the gradient slots, reduced in place); this rank's 1/dp shards of
@@ -181,12 +181,33 @@ def PlanMemoryPass : Pass<"fastllm-plan-memory", "ModuleOp"> {
     `model.get_parameter` where the weights it reads are,
     `model.accumulate_grad` gets the offset of the gradient it adds into);
     the module's `plan.memory` gets every region's offset and size and the
-    arena's total.
+    arena's total. Every region and buffer is aligned to the `alignment`
+    fastllm-zero-layout chose (one option, recorded in the plan).
   }];
-  let options = [
-    Option<"alignment", "alignment", "int64_t", /*default=*/"64",
-           "Alignment of every buffer, in bytes (a power of two)">,
-  ];
+}
+
+def PrepareEmissionPass : Pass<"fastllm-prepare-emission", "ModuleOp"> {
+  let summary = "makes the emitter's last decisions visible in the IR";
+  let description = [{
+    The emitter prints; it decides nothing. This pass, the last of the
+    training pipeline, decides what is left and records it on the planned
+    module, where tests can see it:
+
+    - the data: the tokens and targets inputs of `@train_step` (the roles
+      fastllm-plan-memory gave them) must be `[batch, seq]` int64; the
+      plan's `batch_size`, `seq_len` and `vocab_size` are set, the
+      vocabulary being the smallest bound on token ids the step relies on
+      (the class dimension of a loss on the targets, the rows of a table the
+      tokens index);
+    - the optimizer: `plan.weight_decay` on every `model.parameter`, true
+      for tensors of rank 2 or more (matrices and embeddings) and false for
+      vectors and scalars (biases, norm gains), the rule of nanoGPT and
+      Megatron-LM; a parameter that already has one keeps it.
+
+    ```mlir
+    model.parameter @wte : tensor<64x16xf32> {plan.offset = 0 : i64, plan.weight_decay = true}
+    ```
+  }];
 }
 
 def FusePass : Pass<"fastllm-fuse", "func::FuncOp"> {

@@ -1,8 +1,11 @@
-//===- Pipelines.h - the named pipelines `compile` runs ---------*- C++ -*-===//
+//===- Pipelines.h - the named pipeline `compile` runs ----------*- C++ -*-===//
 //
 // `fastllm-opt compile` and the opt mode run the same pipeline, registered
 // under a name (IREE's practice), so a lit test or a user can reproduce
-// exactly what the driver did: --pass-pipeline='builtin.module(fastllm-cpu-pipeline)'.
+// exactly what the driver did:
+//   --pass-pipeline='builtin.module(fastllm-training-pipeline{dp=2 zero-stage=3})'
+// It serves every target: the emitter's target description is not a pass
+// option. `fastllm-cpu-pipeline`, its earlier name, is kept as an alias.
 //
 //===----------------------------------------------------------------------===//
 
@@ -12,48 +15,45 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassOptions.h"
 
+#include <optional>
+
 namespace mlir::fastllm {
 
+/// The pipeline's options: one member per line of TrainingOptions.def.
+/// An option not given keeps its default and is not forwarded to the pass
+/// that owns it (hasValue() says whether it was given).
 struct TrainingPipelineOptions
     : public PassPipelineOptions<TrainingPipelineOptions> {
-  Option<std::string> freeze{*this, "freeze",
-                             llvm::cl::desc("Regex of parameters to freeze"),
-                             llvm::cl::init("")};
-  Option<std::string> train{
-      *this, "train",
-      llvm::cl::desc("Regex of parameters to train though the importer froze "
-                     "them"),
-      llvm::cl::init("")};
-  Option<double> layersPerStage{*this, "layers-per-stage",
-                                llvm::cl::desc("Layers per stage"),
-                                llvm::cl::init(1.0)};
-  Option<int64_t> dp{*this, "dp", llvm::cl::desc("Data-parallel ranks"),
-                     llvm::cl::init(1)};
-  Option<int64_t> zeroStage{*this, "zero-stage",
-                            llvm::cl::desc("ZeRO stage (1, 2 or 3)"),
-                            llvm::cl::init(1)};
-  Option<int64_t> numGradBuffers{
-      *this, "num-grad-buffers",
-      llvm::cl::desc("Gradient slots (ZeRO-2/3; -1: the default, 2)"),
-      llvm::cl::init(-1)};
-  Option<std::string> precision{
-      *this, "precision",
-      llvm::cl::desc("Compute precision: fp32, or bf16 (fp32 weights, "
-                     "gradients and loss)"),
-      llvm::cl::init("fp32")};
-  Option<bool> fullPrecisionGradients{
-      *this, "full-precision-gradients",
-      llvm::cl::desc("Gradient buffers in fp32 (else the compute dtype)"),
-      llvm::cl::init(true)};
-  Option<int64_t> numWeightBuffers{
-      *this, "num-weight-buffers",
-      llvm::cl::desc("Weight slots (ZeRO-3; -1: the default, 2)"),
-      llvm::cl::init(-1)};
+#define FASTLLM_TRAINING_OPTION(type, member, flag, initial, help)             \
+  Option<type> member{*this, flag, llvm::cl::desc(help),                        \
+                      llvm::cl::init(initial)};
+#include "passes/TrainingOptions.def"
 };
 
-/// Imported model -> planned training step, ready for the CPU emitter.
-void buildCpuTrainingPipeline(OpPassManager &pm,
-                              const TrainingPipelineOptions &options);
+/// Checks the options, reporting each fault through `error` with the flag
+/// spelt as `prefix` + its name ("--dp" for the driver, "dp" for a
+/// pipeline string). The one place these rules live: the driver checks
+/// before importing, the registered pipeline before running, and the passes
+/// that own the options through the same rule functions below.
+LogicalResult verifyTrainingOptions(const TrainingPipelineOptions &options,
+                                    StringRef prefix,
+                                    function_ref<void(const Twine &)> error);
+
+/// The rules of fastllm-zero-layout's options (`numGradBuffers` and
+/// `numWeightBuffers` only when given).
+LogicalResult verifyZeroOptions(int64_t dp, int64_t zeroStage,
+                                std::optional<int64_t> numGradBuffers,
+                                std::optional<int64_t> numWeightBuffers,
+                                StringRef prefix,
+                                function_ref<void(const Twine &)> error);
+/// The rule of fastllm-partition-stages's option.
+LogicalResult verifyLayersPerStage(double layersPerStage, StringRef prefix,
+                                   function_ref<void(const Twine &)> error);
+
+/// Imported model -> planned training step, ready for the emitter. The
+/// options must have been verified.
+void buildTrainingPipeline(OpPassManager &pm,
+                           const TrainingPipelineOptions &options);
 
 void registerFastllmPipelines();
 

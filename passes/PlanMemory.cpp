@@ -9,7 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "passes/MemoryPlan.h"
+#include "ir/Plan.h"
 #include "passes/Passes.h"
 #include "passes/Zero.h"
 
@@ -26,105 +26,6 @@ namespace mlir::fastllm {
 using namespace mlir;
 using namespace mlir::fastllm;
 using namespace mlir::fastllm::model;
-
-//===----------------------------------------------------------------------===//
-// MemoryPlan
-//===----------------------------------------------------------------------===//
-
-int64_t mlir::fastllm::elementBytes(Type type) {
-  return type.isInteger(1) ? 1 : (type.getIntOrFloatBitWidth() + 7) / 8;
-}
-
-namespace {
-/// The plan's fields by name, in one place for reading and writing.
-template <typename Plan, typename Fn> void forEachField(Plan &p, Fn fn) {
-  fn("arena_bytes", p.arenaBytes);
-  fn("param_elements", p.paramElements);
-  fn("data_parallel", p.dataParallel);
-  fn("zero_stage", p.zeroStage);
-  fn("full_precision_gradients", p.fullPrecisionGradients);
-  fn("params_offset", p.paramsOffset);
-  fn("grads_offset", p.gradsOffset);
-  fn("master_offset", p.masterOffset);
-  fn("adam_m_offset", p.adamMOffset);
-  fn("adam_v_offset", p.adamVOffset);
-  fn("grad_shard_offset", p.gradShardOffset);
-  fn("frozen_offset", p.frozenOffset);
-  fn("frozen_elements", p.frozenElements);
-  fn("reduce_scatter_bytes_per_micro_batch", p.reduceScatterBytesPerMicroBatch);
-  fn("all_gather_bytes_per_micro_batch", p.allGatherBytesPerMicroBatch);
-  fn("reduce_scatter_bytes_per_step", p.reduceScatterBytesPerStep);
-  fn("all_gather_bytes_per_step", p.allGatherBytesPerStep);
-  fn("tokens_offset", p.tokensOffset);
-  fn("targets_offset", p.targetsOffset);
-  fn("tokens_arg", p.tokensArg);
-  fn("targets_arg", p.targetsArg);
-  fn("activations_offset", p.activationsOffset);
-  fn("activations_bytes", p.activationsBytes);
-  fn("activations_unshared_bytes", p.activationsUnsharedBytes);
-}
-template <typename Plan, typename Fn> void forEachArray(Plan &p, Fn fn) {
-  fn("stage_offsets", p.stageOffsets);
-  fn("stage_elements", p.stageElements);
-  fn("stage_grad_slot", p.stageGradSlot);
-  fn("stage_weight_slot", p.stageWeightSlot);
-  fn("stage_tie_slot", p.stageTieSlot);
-  fn("grad_slot_elements", p.gradSlotElements);
-  fn("grad_slot_offsets", p.gradSlotOffsets);
-  fn("weight_slot_elements", p.weightSlotElements);
-  fn("weight_slot_offsets", p.weightSlotOffsets);
-}
-} // namespace
-
-DictionaryAttr MemoryPlan::toAttr(MLIRContext *context) const {
-  Builder b(context);
-  SmallVector<NamedAttribute> attrs;
-  forEachField(*this, [&](StringRef name, int64_t value) {
-    attrs.push_back(b.getNamedAttr(name, b.getI64IntegerAttr(value)));
-  });
-  forEachArray(*this, [&](StringRef name, ArrayRef<int64_t> values) {
-    attrs.push_back(b.getNamedAttr(name, b.getDenseI64ArrayAttr(values)));
-  });
-  return b.getDictionaryAttr(attrs);
-}
-
-std::optional<MemoryPlan> MemoryPlan::fromAttr(DictionaryAttr attr) {
-  MemoryPlan plan;
-  bool ok = true;
-  forEachField(plan, [&](StringRef name, int64_t &value) {
-    auto v = attr.getAs<IntegerAttr>(name);
-    ok &= static_cast<bool>(v);
-    if (v)
-      value = v.getInt();
-  });
-  forEachArray(plan, [&](StringRef name, SmallVector<int64_t> &values) {
-    auto v = attr.getAs<DenseI64ArrayAttr>(name);
-    ok &= static_cast<bool>(v);
-    if (v)
-      values.assign(v.asArrayRef().begin(), v.asArrayRef().end());
-  });
-  int64_t stages = plan.stageOffsets.size();
-  for (auto *perStage : {&plan.stageElements, &plan.stageGradSlot,
-                         &plan.stageWeightSlot, &plan.stageTieSlot})
-    ok &= int64_t(perStage->size()) == stages;
-  ok &= plan.gradSlotOffsets.size() == plan.gradSlotElements.size() &&
-        plan.weightSlotOffsets.size() == plan.weightSlotElements.size();
-  if (!ok)
-    return std::nullopt;
-  return plan;
-}
-
-std::optional<MemoryPlan> MemoryPlan::get(ModuleOp module, StringRef pass) {
-  auto attr = module->getAttrOfType<DictionaryAttr>(kMemoryPlanAttr);
-  std::optional<MemoryPlan> plan = attr ? fromAttr(attr) : std::nullopt;
-  if (!plan)
-    module.emitError("the module has no (complete) memory plan; run ") << pass;
-  return plan;
-}
-
-void MemoryPlan::set(ModuleOp module) const {
-  module->setAttr(kMemoryPlanAttr, toAttr(module.getContext()));
-}
 
 //===----------------------------------------------------------------------===//
 // The pass
@@ -180,11 +81,6 @@ static int64_t placeBuffers(MutableArrayRef<Buffer> buffers, int64_t align) {
 
 void PlanMemoryPass::runOnOperation() {
   ModuleOp module = getOperation();
-  if (alignment <= 0 || !llvm::isPowerOf2_64(alignment)) {
-    module.emitError("alignment must be a positive power of two, got ")
-        << alignment.getValue();
-    return signalPassFailure();
-  }
   auto step = module.lookupSymbol<func::FuncOp>("train_step");
   if (!step) {
     module.emitError("no func.func @train_step to plan; run fastllm-autodiff first");
@@ -198,6 +94,13 @@ void PlanMemoryPass::runOnOperation() {
     return signalPassFailure();
   }
   MemoryPlan plan = std::move(*layout);
+  const int64_t alignment = plan.alignment;
+  if (alignment <= 0 || !llvm::isPowerOf2_64(alignment)) {
+    module.emitError("the plan's alignment must be a positive power of two, "
+                     "got ")
+        << alignment;
+    return signalPassFailure();
+  }
   Builder b(module.getContext());
   auto align = [&](int64_t v) { return (int64_t)llvm::alignTo(v, alignment); };
   const int64_t dp = plan.dataParallel;

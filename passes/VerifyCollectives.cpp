@@ -1,6 +1,6 @@
 //===- VerifyCollectives.cpp - the step's collectives are consistent ------===//
 //
-// Proves, before any code is generated, what DESIGN.md section 3 promises of
+// Proves, before any code is generated, what docs/DESIGN.md section 3 promises of
 // a step's communication, by running the step's ops in order over an
 // abstract state of the slots:
 //  - every rank issues the same collectives with the same sizes: the step is
@@ -22,7 +22,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "passes/MemoryPlan.h"
+#include "ir/Plan.h"
 #include "passes/Passes.h"
 #include "passes/Zero.h"
 

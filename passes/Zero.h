@@ -1,6 +1,6 @@
 //===- Zero.h - stages, phases and slots of the training step ---*- C++ -*-===//
 //
-// The attributes the distributed plan lives in (DESIGN.md section 3):
+// The attributes the distributed plan lives in (docs/DESIGN.md section 3):
 //   model.stage     op or parameter: the stage it belongs to
 //   model.backward  op of @train_step: built by autodiff (the backward phase)
 //   plan.slot       ZeRO-3 model.get_parameter: the weight slot it reads;
@@ -14,6 +14,8 @@
 #ifndef FASTLLM_PASSES_ZERO_H
 #define FASTLLM_PASSES_ZERO_H
 
+#include "ir/Plan.h"
+
 #include "mlir/IR/Operation.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
@@ -25,7 +27,6 @@ namespace mlir::fastllm {
 constexpr llvm::StringLiteral kStageAttr = "model.stage";
 constexpr llvm::StringLiteral kLayerAttr = "model.layer";
 constexpr llvm::StringLiteral kBackwardAttr = "model.backward";
-constexpr llvm::StringLiteral kSlotAttr = "plan.slot";
 
 /// The op's model.stage, or -1 when it has none.
 inline int64_t stageOf(Operation *op) {

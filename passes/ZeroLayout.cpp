@@ -1,7 +1,7 @@
 //===- ZeroLayout.cpp - stage layout and buffer slots (ZeRO step 1) -------===//
 //
 // Decides where every parameter lives and which buffers the stages use
-// (DESIGN.md section 3), before any collective is placed:
+// (docs/DESIGN.md section 3), before any collective is placed:
 //  - the flat layout: parameters grouped by stage, each tensor aligned, each
 //    stage padded to a multiple of dp * 32 elements (dp equal shards);
 //  - slots: ZeRO-2 and 3 share num-grad-buffers gradient slots, ZeRO-3
@@ -21,7 +21,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "passes/MemoryPlan.h"
+#include "ir/Plan.h"
+#include "passes/Pipelines.h"
 #include "passes/Passes.h"
 #include "passes/Zero.h"
 
@@ -63,26 +64,18 @@ LogicalResult ZeroLayoutPass::validateOptions(ModuleOp module) {
     module.emitError(msg);
     return failure();
   };
-  if (dp < 1)
-    return fail("dp must be at least 1, got " + Twine(dp.getValue()));
-  if (zeroStage < 1 || zeroStage > 3)
-    return fail("zero-stage must be 1, 2 or 3, got " +
-                Twine(zeroStage.getValue()));
+  auto given = [](const auto &option) -> std::optional<int64_t> {
+    if (!option.hasValue())
+      return std::nullopt;
+    return option.getValue();
+  };
+  if (failed(verifyZeroOptions(dp, zeroStage, given(numGradBuffers),
+                               given(numWeightBuffers), "",
+                               [&](const Twine &msg) { fail(msg); })))
+    return failure();
   if (alignment <= 0 || !llvm::isPowerOf2_64(alignment) || alignment % 4)
     return fail("alignment must be a power of two of at least 4 bytes, got " +
                 Twine(alignment.getValue()));
-  // -1 is the option's "not given": the ZeRO stage's default.
-  for (auto [name, value] : {std::pair{"num-grad-buffers", numGradBuffers.getValue()},
-                             std::pair{"num-weight-buffers", numWeightBuffers.getValue()}})
-    if (value != -1 && value < 1)
-      return fail(Twine(name) + " must be at least 1, got " + Twine(value));
-  if (numGradBuffers != -1 && zeroStage == 1)
-    return fail("num-grad-buffers applies to ZeRO-2 and 3; ZeRO-1 keeps one "
-                "gradient buffer per stage for the whole step");
-  if (numWeightBuffers != -1 && zeroStage != 3)
-    return fail("num-weight-buffers applies to ZeRO-3; ZeRO-" +
-                Twine(zeroStage.getValue()) +
-                " keeps one weight buffer per stage");
   return success();
 }
 
@@ -322,6 +315,7 @@ void ZeroLayoutPass::runOnOperation() {
   plan.dataParallel = dp;
   plan.zeroStage = zeroStage;
   plan.fullPrecisionGradients = fullPrecisionGradients;
+  plan.alignment = alignment;
   layOutParameters(module, plan);
   SymbolTable symbols(module);
   // ZeRO-1 reduces once per step, whatever the ops' order; ZeRO-2/3 place
@@ -347,12 +341,11 @@ void ZeroLayoutPass::runOnOperation() {
                        [&](Operation *user) { return stageOf(user) != owner; }))
         weightTies.insert(owner);
     }
-  // Defaults (DESIGN.md section 3): two gradient buffers for ZeRO-2/3, two
+  // Defaults (docs/DESIGN.md section 3): two gradient buffers for ZeRO-2/3, two
   // weight buffers for ZeRO-3, shared by the stages without ties; never more
   // slots than stages to serve.
   int64_t served = llvm::count_if(plan.stageElements, [](int64_t e) { return e > 0; });
-  int64_t numGrad = numGradBuffers == -1 ? 2 : numGradBuffers.getValue();
-  int64_t numWeight = numWeightBuffers == -1 ? 2 : numWeightBuffers.getValue();
+  int64_t numGrad = numGradBuffers, numWeight = numWeightBuffers;
   assignSlots(plan,
               std::max<int64_t>(1, std::min<int64_t>(numGrad, served - gradTies.size())),
               std::max<int64_t>(1, std::min<int64_t>(numWeight, served - weightTies.size())),

@@ -1,6 +1,6 @@
 //===- Checkpoint.h - sharded, verified training checkpoints ----*- C++ -*-===//
 //
-// DESIGN.md section 6. A checkpoint of step s is a folder
+// docs/DESIGN.md section 6. A checkpoint of step s is a folder
 //
 //   DIR/step-00000012/rank-00000.bin ... rank-<dp-1>.bin, manifest.json
 //

@@ -8,7 +8,7 @@
 //
 // Memory: the runtime allocates ONE arena of `arenaBytes` (64-byte aligned)
 // and every buffer lives at a fixed byte offset in it, as the static memory
-// plan decided (DESIGN.md section 3 for the ZeRO stages):
+// plan decided (docs/DESIGN.md section 3 for the ZeRO stages):
 //
 //   params      fp32 [paramElements]   ZeRO-1/2: the weights the step reads
 //   weight slots                       ZeRO-3: stages' full weights, gathered
@@ -50,7 +50,7 @@
 
 namespace fastllm::rt {
 
-constexpr int32_t kAbiVersion = 5;
+constexpr int32_t kAbiVersion = 6;
 constexpr int kMaxRank = 8;
 
 struct ParamInfo {
@@ -98,48 +98,35 @@ struct SlotInfo {
   int64_t elements; ///< fp32 elements: the largest stage it serves
 };
 
+/// The model's plan. Its scalars are one member per line of
+/// runtime/PlanFields.def (read it for what each means; the compiler's
+/// MemoryPlan has the same members); then what only the runtime's view has:
+/// the target, the inputs' names and the tables.
+///
+/// The static memory plan puts every buffer at a fixed byte offset in the
+/// arena of `arenaBytes`; full arrays hold paramElements fp32 each (-1 when
+/// the ZeRO stage uses slots instead), this rank's shards paramElements /
+/// dataParallel each. Frozen parameters (--freeze) have an array of their
+/// own (-1: none), whole on every rank, read by the step and never reduced,
+/// sharded or updated. The traffic is what one rank's collectives move, as
+/// the compiler proved the schedule.
 struct PlanInfo {
-  int32_t abiVersion;     ///< kAbiVersion of the compiler that emitted it
+  /// kAbiVersion of the compiler that emitted it: first, so that a runtime
+  /// of another version reads it whatever else changed.
+  int32_t abiVersion;
+#define FASTLLM_PLAN_FIELD(type, name, key, none, doc) type name;
+#include "runtime/PlanFields.def"
   const char *target;     ///< "cpu" or "cuda"
-  int64_t batchSize;      ///< micro-batch per rank (samples)
-  int64_t seqLen;         ///< tokens per sample
-  int64_t vocabSize;      ///< token ids must be < vocabSize
   const char *tokensInput;  ///< the model input fed with tokens
   const char *targetsInput; ///< the model input fed with next tokens
   int32_t numParams;
   const ParamInfo *params;
-  int64_t paramElements;  ///< length of the full params/grads arrays
-
-  // Data parallelism and ZeRO (DESIGN.md section 3).
-  int32_t dataParallel;   ///< the --dp compiled for: the job must run this many ranks
-  int32_t zeroStage;      ///< 1, 2 or 3
   int32_t numStages;
   const StageInfo *stages;
-
-  // The static memory plan, in bytes.
-  int64_t arenaBytes;
-  /// Full arrays (paramElements fp32 each; -1 when the ZeRO stage uses slots
-  /// instead): the weights the step reads and the gradients it adds into.
-  int64_t paramsOffset, gradsOffset;
   int32_t numGradSlots;
   const SlotInfo *gradSlots;
   int32_t numWeightSlots;
   const SlotInfo *weightSlots;
-  /// Frozen parameters (--freeze): an array of their own (-1: none), whole on
-  /// every rank, read by the step and never reduced, sharded or updated.
-  int64_t frozenOffset, frozenElements;
-  /// This rank's shards (paramElements / dataParallel fp32 each): fp32
-  /// master weights, AdamW moments, and the reduced gradient.
-  int64_t masterOffset, adamMOffset, adamVOffset, gradShardOffset;
-  int64_t tokensOffset, targetsOffset;
-  int64_t activationsOffset, activationsBytes; ///< the liveness-shared region
-  int64_t activationsUnsharedBytes; ///< sum of all activation sizes, for reports
-
-  /// What one rank's collectives move, as the compiler proved the schedule
-  /// (the full buffer's bytes per call; 0 when dp is 1): inside each
-  /// micro-batch's step and once per optimizer step.
-  int64_t reduceScatterBytesPerMicroBatch, allGatherBytesPerMicroBatch;
-  int64_t reduceScatterBytesPerStep, allGatherBytesPerStep;
 };
 
 /// The collectives a ZeRO-2/3 step starts and waits. The runtime provides

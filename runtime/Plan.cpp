@@ -75,7 +75,7 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
       (plan.zeroStage == 3 && plan.numStages > 0 && plan.numWeightSlots == 0))
     return invalid("the slot tables do not fit ZeRO-" + str(plan.zeroStage));
   // The stages tile the flat arrays in order, each splitting into dp equal
-  // shards (DESIGN.md section 3).
+  // shards (docs/DESIGN.md section 3).
   const int64_t dp = plan.dataParallel;
   const int64_t quantum = dp * 32;
   int64_t next = 0;

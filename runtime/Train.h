@@ -1,7 +1,7 @@
 //===- Train.h - the training loop ------------------------------*- C++ -*-===//
 //
 // Drives the generated step function: data into the arena, forward and
-// backward per micro-batch, then ZeRO (DESIGN.md section 3): every stage's
+// backward per micro-batch, then ZeRO (docs/DESIGN.md section 3): every stage's
 // gradients are reduce-scattered into this rank's shard and averaged (by
 // the runtime once per step for ZeRO-1, by the step after each stage's
 // backward for ZeRO-2/3), the global norm is summed over ranks, and clipping
@@ -43,7 +43,7 @@ struct RunOutcome {
 /// The job must run as many ranks as the model was compiled for (--dp).
 Status checkWorldSize(const PlanInfo &plan, int worldSize);
 
-/// Trains until step opts.steps as DESIGN.md section 4 says, as rank
+/// Trains until step opts.steps as docs/DESIGN.md section 4 says, as rank
 /// comm.rank() of comm.size(), starting from the newest complete checkpoint
 /// when opts.resume. Everything the run reads (plan, data, weights,
 /// checkpoint, output folders) is checked before the metrics file is written

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages fastllm-opt needs (DESIGN.md section 7).
+# Installs the Debian packages fastllm-opt needs (docs/DESIGN.md section 7).
 # Idempotent and quiet when everything is already there; needs root (or sudo)
 # only when something is missing.
 set -euo pipefail

@@ -15,7 +15,7 @@
 #include "frontend/OnnxImporter.h"
 #include "ir/ModelDialect.h"
 #include "ir/ModelSummary.h"
-#include "passes/MemoryPlan.h"
+#include "ir/Plan.h"
 #include "passes/Pipelines.h"
 #include "runtime/OutputFile.h"
 
@@ -140,7 +140,7 @@ private:
 };
 } // namespace
 
-/// What each rank holds and moves, from the plan (DESIGN.md section 5).
+/// What each rank holds and moves, from the plan (docs/DESIGN.md section 5).
 struct Report {
   int64_t weights, grads, master, optimizer, gradShard, inputs, activations,
       total;
@@ -174,7 +174,7 @@ static Report makeReport(const mlir::fastllm::MemoryPlan &plan) {
 }
 
 static std::string planJson(ModuleOp module, const mlir::fastllm::MemoryPlan &plan,
-                            StringRef target, int64_t batch, int64_t seq) {
+                            StringRef target) {
   json::Array params;
   for (auto p : module.getOps<mlir::fastllm::model::ParameterOp>()) {
     json::Array shape;
@@ -202,13 +202,14 @@ static std::string planJson(ModuleOp module, const mlir::fastllm::MemoryPlan &pl
     return a;
   };
   Report r = makeReport(plan);
+  // Every scalar of the plan, under the key runtime/PlanFields.def gives it.
+  json::Object fields;
+#define FASTLLM_PLAN_FIELD(type, name, key, none, doc)                         \
+  fields[#key] = plan.name;
+#include "runtime/PlanFields.def"
   json::Object root{
       {"target", target.str()},
-      {"dp", plan.dataParallel},
-      {"zero_stage", plan.zeroStage},
-      {"full_precision_gradients", plan.fullPrecisionGradients != 0},
-      {"batch_size", batch},
-      {"seq_len", seq},
+      {"plan", std::move(fields)},
       {"stages", std::move(stages)},
       {"grad_slots", slots(plan.gradSlotOffsets, plan.gradSlotElements)},
       {"weight_slots", slots(plan.weightSlotOffsets, plan.weightSlotElements)},
@@ -223,20 +224,6 @@ static std::string planJson(ModuleOp module, const mlir::fastllm::MemoryPlan &pl
                     {"activations_bytes", plan.activationsBytes},
                     {"activations_unshared_bytes", plan.activationsUnsharedBytes},
                     {"total_bytes", r.total}}},
-      {"memory",
-       json::Object{{"arena_bytes", plan.arenaBytes},
-                    {"param_elements", plan.paramElements},
-                    {"params_offset", plan.paramsOffset},
-                    {"grads_offset", plan.gradsOffset},
-                    {"master_offset", plan.masterOffset},
-                    {"adam_m_offset", plan.adamMOffset},
-                    {"adam_v_offset", plan.adamVOffset},
-                    {"grad_shard_offset", plan.gradShardOffset},
-                    {"frozen_offset", plan.frozenOffset},
-                    {"frozen_elements", plan.frozenElements},
-                    {"tokens_offset", plan.tokensOffset},
-                    {"targets_offset", plan.targetsOffset},
-                    {"activations_offset", plan.activationsOffset}}},
       {"communication_bytes",
        json::Object{
            {"per_step", json::Object{{"reduce_scatter", plan.reduceScatterBytesPerStep},
@@ -426,54 +413,15 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
                "on CPUs (one emulated H100 per rank; kernels, cuBLASLt and "
                "NCCL emulated)"),
       cl::cat(category));
-  cl::opt<std::string> precision(
-      "precision",
-      cl::desc("Compute precision: fp32, or bf16 (--target cuda: bf16 "
-               "compute with fp32 master weights, gradients and loss)"),
-      cl::init("fp32"), cl::cat(category));
-  cl::opt<int64_t> dp("dp", cl::desc("Data-parallel ranks (mpirun -np N)"),
-                      cl::init(1), cl::cat(category));
-  cl::opt<int64_t> zeroStage(
-      "zero-stage",
-      cl::desc("ZeRO stage: 1 (shard the optimizer state), 2 (+ gradients), "
-               "3 (+ weights)"),
-      cl::init(1), cl::cat(category));
-  cl::opt<int64_t> numGradBuffers(
-      "num-grad-buffers",
-      cl::desc("Gradient buffers shared round-robin by the stages (ZeRO-2/3; "
-               "default 2)"),
-      cl::init(-1), cl::cat(category));
-  cl::opt<int64_t> numWeightBuffers(
-      "num-weight-buffers",
-      cl::desc("Weight buffers shared round-robin by the stages (ZeRO-3; "
-               "default 2)"),
-      cl::init(-1), cl::cat(category));
-  cl::opt<bool> fullPrecisionGradients(
-      "full-precision-gradients",
-      cl::desc("Keep gradient buffers in fp32 (default true; false means the "
-               "compute dtype: a no-op in fp32, not implemented for bf16)"),
-      cl::init(true), cl::cat(category));
-  cl::opt<double> layersPerStage(
-      "layers-per-stage",
-      cl::desc("Layers per stage (the unit of sharding); a positive finite "
-               "number, fractions allowed, below 1 means one layer per stage"),
-      cl::init(1.0), cl::cat(category));
+  // The pipeline's options, as flags of the same names.
+#define FASTLLM_TRAINING_OPTION(type, member, flag, initial, help)             \
+  cl::opt<type> member##Flag(flag, cl::desc(help), cl::init(initial),          \
+                             cl::cat(category));
+#include "passes/TrainingOptions.def"
   cl::opt<int64_t> stagesPerPipelineStage(
       "stages-per-pipeline-stage",
       cl::desc("Pipeline parallelism: only 1 (none) is supported"),
       cl::init(1), cl::cat(category));
-  cl::opt<std::string> freeze(
-      "freeze",
-      cl::desc("Regex: parameters whose name it matches are not trained "
-               "(wins over --train)"),
-      cl::init(""), cl::cat(category));
-  cl::opt<std::string> train(
-      "train",
-      cl::desc("Regex: train the initializers it matches even where the "
-               "importer keeps them constant (buffers, tensors the loss does "
-               "not depend on differentiably, tensors holding inf/NaN); "
-               "`import --summary` lists those and why"),
-      cl::init(""), cl::cat(category));
   cl::opt<bool> report("report",
                        cl::desc("Print the per-rank memory plan"),
                        cl::cat(category));
@@ -505,50 +453,18 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
                       "whose headers the CUDA emulation is built against\n";
     return 1;
   }
-  if (precision != "fp32" && precision != "bf16") {
-    compileError() << "--precision " << precision
-                   << " is not a precision (supported: fp32, bf16)\n";
+  mlir::fastllm::TrainingPipelineOptions pipeline;
+#define FASTLLM_TRAINING_OPTION(type, member, flag, initial, help)             \
+  if (member##Flag.getNumOccurrences())                                        \
+    pipeline.member = member##Flag.getValue();
+#include "passes/TrainingOptions.def"
+  if (failed(mlir::fastllm::verifyTrainingOptions(
+          pipeline, "--",
+          [](const Twine &message) { compileError() << message << "\n"; })))
     return 1;
-  }
-  if (precision == "bf16" && !fullPrecisionGradients) {
-    compileError() << "--full-precision-gradients=false (bf16 gradient "
-                      "buffers) is not implemented yet; bf16 training keeps "
-                      "fp32 gradient buffers\n";
-    return 1;
-  }
-  if (precision == "bf16" && emitTarget != mlir::fastllm::Target::Cuda) {
+  if (pipeline.precision == "bf16" && emitTarget != mlir::fastllm::Target::Cuda) {
     compileError() << "--precision bf16 needs --target cuda (the CPU target "
                       "computes in fp32)\n";
-    return 1;
-  }
-  if (dp < 1) {
-    compileError() << "--dp must be at least 1, got " << dp << "\n";
-    return 1;
-  }
-  if (zeroStage < 1 || zeroStage > 3) {
-    compileError() << "--zero-stage must be 1, 2 or 3, got " << zeroStage << "\n";
-    return 1;
-  }
-  for (auto [flag, value, minStage] :
-       {std::tuple{"num-grad-buffers", &numGradBuffers, 2},
-        std::tuple{"num-weight-buffers", &numWeightBuffers, 3}}) {
-    if (value->getNumOccurrences() == 0)
-      continue;
-    if (*value < 1) {
-      compileError() << "--" << flag << " must be at least 1, got " << *value
-                     << "\n";
-      return 1;
-    }
-    if (zeroStage < minStage) {
-      compileError() << "--" << flag << " applies to ZeRO-" << minStage
-                     << (minStage == 2 ? " and 3" : "") << "; --zero-stage is "
-                     << zeroStage << "\n";
-      return 1;
-    }
-  }
-  if (!(layersPerStage > 0) || !std::isfinite(layersPerStage)) {
-    compileError() << "--layers-per-stage must be a positive finite number, got "
-                   << layersPerStage << "\n";
     return 1;
   }
   if (stagesPerPipelineStage != 1) {
@@ -602,8 +518,8 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
   }
   if (!module)
     return 1;
-  // The sizes compiled in: the token input's [batch, seq], static by now
-  // (bound by the flags or fixed by the model).
+  // A model without token ids gets a plain message rather than the
+  // pipeline's (the pipeline decides the inputs' roles and sizes).
   {
     auto forward = module->lookupSymbol<func::FuncOp>("forward");
     RankedTensorType tokens;
@@ -621,22 +537,10 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
                      << ": the model has no [batch, seq] integer token input\n";
       return 1;
     }
-    batchSize = tokens.getDimSize(0);
-    seqLen = tokens.getDimSize(1);
   }
 
   PassManager pm(&context);
-  mlir::fastllm::TrainingPipelineOptions pipeline;
-  pipeline.freeze = freeze.getValue();
-  pipeline.train = train.getValue();
-  pipeline.layersPerStage = layersPerStage.getValue();
-  pipeline.dp = dp.getValue();
-  pipeline.zeroStage = zeroStage.getValue();
-  pipeline.numGradBuffers = numGradBuffers.getValue();
-  pipeline.numWeightBuffers = numWeightBuffers.getValue();
-  pipeline.fullPrecisionGradients = fullPrecisionGradients.getValue();
-  pipeline.precision = precision.getValue();
-  mlir::fastllm::buildCpuTrainingPipeline(pm, pipeline);
+  mlir::fastllm::buildTrainingPipeline(pm, pipeline);
   if (failed(pm.run(*module)))
     return 1;
   std::optional<mlir::fastllm::MemoryPlan> plan = mlir::fastllm::MemoryPlan::get(*module);
@@ -656,7 +560,7 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
     if (!writeFile(path("plan.mlir"), text))
       return 1;
   }
-  if (!writeFile(path("plan.json"), planJson(*module, *plan, target, batchSize, seqLen)))
+  if (!writeFile(path("plan.json"), planJson(*module, *plan, target)))
     return 1;
   if (report)
     printReport(*plan, outs());

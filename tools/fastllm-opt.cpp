@@ -11,6 +11,7 @@
 #include "passes/Pipelines.h"
 #include "tools/Compile.h"
 #include "ir/ModelDialect.h"
+#include "ir/Plan.h"
 #include "ir/ModelSummary.h"
 #include "passes/Passes.h"
 
@@ -170,7 +171,8 @@ int main(int argc, char **argv) {
   }
 
   DialectRegistry registry;
-  registry.insert<fastllm::model::ModelDialect, func::FuncDialect>();
+  registry.insert<fastllm::model::ModelDialect, fastllm::plan::PlanDialect,
+                  func::FuncDialect>();
   fastllm::registerFastllmPasses();
   fastllm::registerFastllmPipelines();
   registerCanonicalizerPass();

@@ -1,7 +1,7 @@
 //===- DataTest.cpp - token file and samplers -----------------------------===//
 //
 // The sequential sampler is the reference order the PyTorch comparisons
-// replay, so its offsets are checked against DESIGN.md's formula written out
+// replay, so its offsets are checked against docs/DESIGN.md's formula written out
 // again here; the random one must be reproducible and stay in range.
 //
 //===----------------------------------------------------------------------===//

@@ -1,7 +1,7 @@
 //===- TrainTest.cpp - the training loop on a model with known gradients --===//
 //
 // The fake model's gradient is a closed form (FakeModel.h), so these tests
-// recompute a step from the token file and DESIGN.md's sequential formula and
+// recompute a step from the token file and docs/DESIGN.md's sequential formula and
 // compare the runtime's dumped gradients, saved weights and logged loss with
 // it; they check that bad inputs stop the run before it writes anything, and
 // that a run resumed from a checkpoint repeats the uninterrupted one exactly.

@@ -1,5 +1,5 @@
 // RUN: fastllm-opt %s --pass-pipeline='builtin.module(fastllm-cpu-pipeline)' | FileCheck %s --check-prefix=FROZEN
-// RUN: fastllm-opt %s --pass-pipeline='builtin.module(fastllm-cpu-pipeline{train=^mask$})' | FileCheck %s --check-prefixes=TRAINED,PIPELINE
+// RUN: fastllm-opt %s --pass-pipeline='builtin.module(fastllm-training-pipeline{train=^mask$})' | FileCheck %s --check-prefixes=TRAINED,PIPELINE
 // RUN: fastllm-opt %s --fastllm-mark-frozen='train=^mask$' --fastllm-fuse | FileCheck %s --check-prefix=TRAINED
 
 // Tests that the pipeline settles which parameters train before fusion
@@ -20,7 +20,9 @@ model.parameter @emb : tensor<8x4xf32> = dense<0.5> : tensor<8x4xf32>
 model.parameter @wk : tensor<4xf32> = dense<0.25> : tensor<4xf32>
 model.parameter @mask : tensor<3x3xf32> = dense<[[0.0, 0xFF800000, 0xFF800000], [0.0, 0.0, 0xFF800000], [0.0, 0.0, 0.0]]> : tensor<3x3xf32> {frozen}
 
-func.func @forward(%tokens: tensor<3xi64>, %targets: tensor<3xi64>) -> tensor<f32> {
+func.func @forward(%tokens2: tensor<1x3xi64>, %targets2: tensor<1x3xi64>) -> tensor<f32> {
+  %tokens = model.reshape %tokens2 : tensor<1x3xi64> -> tensor<3xi64>
+  %targets = model.reshape %targets2 : tensor<1x3xi64> -> tensor<3xi64>
   %e = model.get_parameter @emb : tensor<8x4xf32>
   %x = model.gather %e[%tokens] dim 0 : tensor<8x4xf32>, tensor<3xi64> -> tensor<3x4xf32>
   %w = model.get_parameter @wk : tensor<4xf32>

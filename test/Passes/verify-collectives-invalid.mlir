@@ -1,5 +1,5 @@
 // Tests that fastllm-verify-collectives rejects hand-written collectives
-// that break DESIGN.md section 3's promises, with a diagnostic on the op at
+// that break docs/DESIGN.md section 3's promises, with a diagnostic on the op at
 // fault, and that the collective ops' verifiers reject malformed requests,
 // stages and slots.
 //

@@ -1,6 +1,6 @@
 // Tests the collectives fastllm-zero-collectives places in a four-stage
 // step, that fastllm-verify-collectives accepts them, and the traffic it
-// records (DESIGN.md section 3). Stage 0 holds the embedding @e (read again
+// records (docs/DESIGN.md section 3). Stage 0 holds the embedding @e (read again
 // by the stage-3 head: a tied weight) and a scale @s whose gradient reads
 // it; stages 1 and 2 hold @w1 and @w2; stage 3 holds @w3 and @g. Every
 // stage's backward reads its weights. With one shared weight buffer

@@ -1,5 +1,5 @@
 // Tests that fastllm-zero-layout refuses settings that cannot work, naming
-// the option (DESIGN.md section 3).
+// the option (docs/DESIGN.md section 3).
 // RUN: not fastllm-opt %s --fastllm-zero-layout='dp=0' 2>&1 | FileCheck %s --check-prefix=DP
 // RUN: not fastllm-opt %s --fastllm-zero-layout='zero-stage=4' 2>&1 | FileCheck %s --check-prefix=ZERO
 // RUN: not fastllm-opt %s --fastllm-zero-layout='zero-stage=2 num-grad-buffers=0' 2>&1 | FileCheck %s --check-prefix=GRAD0
@@ -12,8 +12,8 @@
 // ZERO: error: zero-stage must be 1, 2 or 3, got 4
 // GRAD0: error: num-grad-buffers must be at least 1, got 0
 // WEIGHT0: error: num-weight-buffers must be at least 1, got -3
-// GRAD1: error: num-grad-buffers applies to ZeRO-2 and 3; ZeRO-1 keeps one gradient buffer per stage
-// WEIGHT2: error: num-weight-buffers applies to ZeRO-3; ZeRO-2 keeps one weight buffer per stage
+// GRAD1: error: num-grad-buffers applies to ZeRO-2 and 3; zero-stage is 1
+// WEIGHT2: error: num-weight-buffers applies to ZeRO-3; zero-stage is 2
 // ALIGN: error: alignment must be a power of two of at least 4 bytes, got 6
 
 model.parameter @w : tensor<4xf32>

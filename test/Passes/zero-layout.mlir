@@ -1,4 +1,4 @@
-// Tests fastllm-zero-layout's plan (DESIGN.md section 3): the flat layout
+// Tests fastllm-zero-layout's plan (docs/DESIGN.md section 3): the flat layout
 // (tensors aligned to 16 elements, stages padded to a multiple of dp * 32
 // elements), the gradient and weight slots (round-robin over the stages
 // that have parameters, each sized for the largest stage it serves, never

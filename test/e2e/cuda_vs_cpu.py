@@ -130,7 +130,7 @@ def gpu_cases(report, model, cfg, cuda_dir, bf16_dir, data, cpu, cpu100, rtol):
             rel16 = max(abs(a - b) / abs(b) for a, b in zip(ours, ref))
             report("PASS" if rel16 <= 2e-2 and len(ours) == 100 else "FAIL", bf16_name,
                    f"max rel loss diff {rel16:.2e} against {against}")
-    arena = json.load(open(os.path.join(cuda_dir, "plan.json")))["memory"]["arena_bytes"]
+    arena = json.load(open(os.path.join(cuda_dir, "plan.json")))["plan"]["arena_bytes"]
     # The driver hands out memory in 2 MiB pages: small arenas round up.
     mem_ok = abs(mem - arena) <= max(0.02 * arena, 2 * 2**20)
     report("PASS" if rel <= rtol and len(gpu) == STEPS and mem_ok else "FAIL", name,

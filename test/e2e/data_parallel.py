@@ -206,7 +206,7 @@ def check(got, plan, accum, ref, torch_ref, steps):
     want_ag = step["all_gather"] + accum * micro["all_gather"]
     bytes_ok = all(s["reduce_scatter_bytes"] == want_rs and s["all_gather_bytes"] == want_ag
                    and s["all_reduce_bytes"] == step["all_reduce"] for s in got)
-    mem_ok = all(s["mem_bytes"] == plan["memory"]["arena_bytes"] for s in got)
+    mem_ok = all(s["mem_bytes"] == plan["plan"]["arena_bytes"] for s in got)
     rel = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(got, ref))
     rel_torch = max(abs(a["loss"] - b) / abs(b) for a, b in zip(got, torch_ref))
     ok = len(got) == steps and rel <= 1e-5 and rel_torch <= 1e-4 and bytes_ok and mem_ok
@@ -214,7 +214,7 @@ def check(got, plan, accum, ref, torch_ref, steps):
               f"reduce-scatter {got[0]['reduce_scatter_bytes']} B, all-gather "
               f"{got[0]['all_gather_bytes']} B (plan {want_rs}, {want_ag})"
               f"{'' if bytes_ok else ' MISMATCH'}; arena {got[0]['mem_bytes']} B"
-              f"{'' if mem_ok else ' != plan ' + str(plan['memory']['arena_bytes'])}")
+              f"{'' if mem_ok else ' != plan ' + str(plan['plan']['arena_bytes'])}")
     return ok, detail
 
 
@@ -262,8 +262,8 @@ def main():
                                       1, 1, 1, 1, freeze=FROZEN)
         # The stages (and so every shard and optimizer state) shrink by the
         # frozen tensor's elements (64 positions x d 64).
-        shrunk = ref_plan["memory"]["param_elements"] - \
-            frozen_plan["memory"]["param_elements"]
+        shrunk = ref_plan["plan"]["param_elements"] - \
+            frozen_plan["plan"]["param_elements"]
         for dp, zero, lps, accum in FROZEN_CASES:
             name = f"{model} --freeze {FROZEN} dp {dp} ZeRO-{zero} layers-per-stage {lps} " \
                    f"grad-accum {accum}"
@@ -275,9 +275,9 @@ def main():
                 frozen = [p for p in plan["params"] if not p["trainable"]]
                 trainable = sum(p["elements"] for p in plan["stages"])
                 ok = ok and [p["name"] for p in frozen] == ["wpe.weight"] and \
-                    plan["memory"]["frozen_elements"] == 64 * 64 and shrunk == 64 * 64 and \
-                    trainable == plan["memory"]["param_elements"]
-                detail += (f"; frozen array {plan['memory']['frozen_elements']} elements, "
+                    plan["plan"]["frozen_elements"] == 64 * 64 and shrunk == 64 * 64 and \
+                    trainable == plan["plan"]["param_elements"]
+                detail += (f"; frozen array {plan['plan']['frozen_elements']} elements, "
                            f"stages {shrunk} elements smaller than unfrozen")
             except subprocess.CalledProcessError as e:
                 ok, detail = False, f"{e.cmd[0]} failed: {e.stderr.decode()[-1500:]}"

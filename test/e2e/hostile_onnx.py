@@ -986,7 +986,7 @@ def batch_overflow(d):
         with open(os.path.join(d, "out", "plan.json")) as f:
             plan = json.load(f)
         problems.append(f"compiled: plan.json says arena_bytes "
-                        f"{plan['memory']['arena_bytes']}, inputs_bytes "
+                        f"{plan['plan']['arena_bytes']}, inputs_bytes "
                         f"{plan['memory_per_rank']['inputs_bytes']}")
     return problems, short(r.stderr, 200)
 
@@ -1013,7 +1013,7 @@ def expand_overflow(d):
     if r.code == 0:
         with open(os.path.join(d, "out", "plan.json")) as f:
             plan = json.load(f)
-        problems.append(f"compiled: arena_bytes {plan['memory']['arena_bytes']} for a "
+        problems.append(f"compiled: arena_bytes {plan['plan']['arena_bytes']} for a "
                         f"tensor of 2^64 x 24 elements")
     return problems, short(r.stderr, 200)
 

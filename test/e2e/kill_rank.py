@@ -14,7 +14,7 @@ few steps are logged, then
     name rank 2, and only rank 2, as the one that never arrived;
   - SIGKILLs rank 1 of a 20-step run checkpointing every 5 steps once step 12
     is logged, resumes it (--resume) to step 20 and compares every loss with
-    an uninterrupted run: bit-identical (DESIGN.md section 6).
+    an uninterrupted run: bit-identical (docs/DESIGN.md section 6).
 Prints PASS/FAIL per case and `kill rank tests: P passed, F failed`.
 """
 import json

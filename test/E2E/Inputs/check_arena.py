@@ -4,7 +4,7 @@
 import json
 import sys
 
-plan = json.load(open(sys.argv[1]))["memory"]["arena_bytes"]
+plan = json.load(open(sys.argv[1]))["plan"]["arena_bytes"]
 steps = [json.loads(line) for line in open(sys.argv[2])]
 assert steps, "no metrics"
 for s in steps:
