@@ -16,7 +16,7 @@
 #include "ir/ModelDialect.h"
 #include "ir/Plan.h"
 #include "runtime/ModelABI.h"
-#include "runtime/OutputFile.h"
+#include "runtime/Safetensors.h"
 #include "runtime/Philox.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -26,7 +26,6 @@
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
-#include "llvm/Support/JSON.h"
 #include "llvm/Support/Path.h"
 
 
@@ -90,10 +89,10 @@ std::string list(ArrayRef<int64_t> values) {
   return s + "}";
 }
 
-class CpuEmitter {
+class StepEmitter {
 public:
-  CpuEmitter(ModuleOp module, Target target, raw_ostream &out)
-      : module(module), target(target), out(out) {}
+  StepEmitter(ModuleOp module, Target target, raw_ostream &out)
+      : module(module), desc(TargetDescription::get(target)), out(out) {}
   LogicalResult emit();
 
 private:
@@ -101,8 +100,9 @@ private:
   /// The type a functor computes in for stored type `stored`: bf16 operands
   /// are widened to float, so a functor computes in fp32 and its result is
   /// rounded once when stored.
-  static std::string computeType(const std::string &stored) {
-    return stored == "__nv_bfloat16" ? "float" : stored;
+  std::string computeType(const std::string &stored) const {
+    return !desc.bf16Type.empty() && stored == desc.bf16Type ? "float"
+                                                               : stored;
   }
   LogicalResult emitConstants(func::FuncOp step);
   LogicalResult emitPlan(const MemoryPlan &plan);
@@ -130,7 +130,7 @@ private:
   LogicalResult bindResult(Operation *op, unsigned i);
 
   ModuleOp module;
-  Target target;
+  const TargetDescription &desc;
   raw_ostream &out;
   /// Sections are written here first and assembled into `out` at the end.
   std::string text;
@@ -148,13 +148,13 @@ private:
 };
 } // namespace
 
-FailureOr<std::string> CpuEmitter::cType(Type type, Operation *where) {
+FailureOr<std::string> StepEmitter::cType(Type type, Operation *where) {
   if (type.isF32())
     return std::string("float");
   if (type.isF64())
     return std::string("double");
-  if (type.isBF16() && target == Target::Cuda)
-    return std::string("__nv_bfloat16");
+  if (type.isBF16() && !desc.bf16Type.empty())
+    return desc.bf16Type.str();
   if (type.isInteger(64))
     return std::string("int64_t");
   if (type.isInteger(32))
@@ -164,11 +164,11 @@ FailureOr<std::string> CpuEmitter::cType(Type type, Operation *where) {
   if (type.isInteger(1))
     return std::string("bool");
   return where->emitOpError("element type ")
-         << type << " is not supported by the " << targetName(target)
+         << type << " is not supported by the " << desc.name
          << " target", failure();
 }
 
-LogicalResult CpuEmitter::bindResult(Operation *op, unsigned i) {
+LogicalResult StepEmitter::bindResult(Operation *op, unsigned i) {
   auto offsets = op->getAttrOfType<DenseI64ArrayAttr>(kResultOffsetsAttr);
   if (!offsets || (int64_t)i >= offsets.size() || offsets[i] < 0)
     return op->emitOpError("has no planned buffer; run fastllm-plan-memory");
@@ -183,13 +183,13 @@ LogicalResult CpuEmitter::bindResult(Operation *op, unsigned i) {
   return success();
 }
 
-LogicalResult CpuEmitter::emitConstants(func::FuncOp step) {
+LogicalResult StepEmitter::emitConstants(func::FuncOp step) {
   llvm::raw_string_ostream cs(constants);
   for (auto c : step.getOps<ConstantOp>()) {
     auto dense = dyn_cast<DenseElementsAttr>(c.getValue());
     if (!dense)
       return c.emitOpError("only dense constants are supported by the ")
-             << targetName(target) << " target";
+             << desc.name << " target";
     auto type = cType(dense.getElementType(), c);
     if (failed(type))
       return failure();
@@ -200,7 +200,7 @@ LogicalResult CpuEmitter::emitConstants(func::FuncOp step) {
       splats.insert(c.getResult());
     // CUDA: the array lives on the device as gN; the step names it through
     // a pointer cN it looks up once.
-    if (target == Target::Cuda) {
+    if (desc.constantsOnDevice) {
       cs << "__device__ const " << *type << " g" << n.substr(1) << "[" << count
          << "] = {";
       constantPointers += "  static const " + *type + " *" + n +
@@ -243,7 +243,7 @@ LogicalResult CpuEmitter::emitConstants(func::FuncOp step) {
   return success();
 }
 
-LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
+LogicalResult StepEmitter::emitPlan(const MemoryPlan &plan) {
   auto step = module.lookupSymbol<func::FuncOp>("train_step");
   if (plan.vocabSize < 1 || plan.batchSize < 1)
     return module.emitError("the plan has no data sizes; run "
@@ -310,7 +310,7 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
 #define FASTLLM_PLAN_FIELD(type, name, key, none, doc)                         \
   os << "  p." #name " = " << plan.name << ";\n";
 #include "runtime/PlanFields.def"
-  os << "  p.target = \"" << targetName(target) << "\";\n"
+  os << "  p.target = \"" << desc.name << "\";\n"
      << "  p.tokensInput = " << cString(argName(plan.tokensArg)) << ";\n"
      << "  p.targetsInput = " << cString(argName(plan.targetsArg)) << ";\n"
      << "  p.numParams = " << numParams << ";\n"
@@ -326,7 +326,7 @@ LogicalResult CpuEmitter::emitPlan(const MemoryPlan &plan) {
   return success();
 }
 
-FailureOr<std::string> CpuEmitter::pointwiseExpr(Operation *op) {
+FailureOr<std::string> StepEmitter::pointwiseExpr(Operation *op) {
   auto cmpExpr = [](CmpPredicate p) -> const char * {
     switch (p) {
     case CmpPredicate::eq: return "x0 == x1";
@@ -414,7 +414,7 @@ static std::string substituteOperands(StringRef expr,
   return out;
 }
 
-FailureOr<std::string> CpuEmitter::fusedBody(FusedElementwiseOp fused) {
+FailureOr<std::string> StepEmitter::fusedBody(FusedElementwiseOp fused) {
   // One local per op in the compute type of its result (bf16 ones in float:
   // not rounded between the ops), the inputs being x0, x1, ...
   Block &body = fused.getBody().front();
@@ -439,7 +439,7 @@ FailureOr<std::string> CpuEmitter::fusedBody(FusedElementwiseOp fused) {
          local.lookup(cast<YieldOp>(body.getTerminator()).getValue()) + ";";
 }
 
-LogicalResult CpuEmitter::emitElementwise(Operation *op,
+LogicalResult StepEmitter::emitElementwise(Operation *op,
                                           const std::string &functorBody) {
   Value r = op->getResult(0);
   ArrayRef<int64_t> shape = tensorType(r).getShape();
@@ -473,7 +473,7 @@ LogicalResult CpuEmitter::emitElementwise(Operation *op,
       signature + functorBody, "F" + std::to_string(functors.size()));
   if (inserted)
     functorDefs += "struct " + it->second + " {\n  " +
-                   (target == Target::Cuda ? "__host__ __device__ " : "") +
+                   desc.functorQualifier.str() +
                    signature + " {\n    " + functorBody + "\n  }\n};\n";
   os << "    elementwise(" << name(r) << ", " << rank << ", shape, "
      << it->second << "{}, ";
@@ -482,7 +482,7 @@ LogicalResult CpuEmitter::emitElementwise(Operation *op,
   return success();
 }
 
-void CpuEmitter::emitMatmul(StringRef call, const std::string &out, Value lhs,
+void StepEmitter::emitMatmul(StringRef call, const std::string &out, Value lhs,
                             Value rhs, bool transA, bool transB,
                             const std::string &comment) {
   ArrayRef<int64_t> a = tensorType(lhs).getShape(),
@@ -507,7 +507,7 @@ void CpuEmitter::emitMatmul(StringRef call, const std::string &out, Value lhs,
      << ", " << (transB ? "true" : "false") << ");" << comment << "\n  }\n";
 }
 
-LogicalResult CpuEmitter::emitOp(Operation *op) {
+LogicalResult StepEmitter::emitOp(Operation *op) {
   auto shapeOf = [](Value v) { return tensorType(v).getShape(); };
   auto bindAll = [&]() -> LogicalResult {
     for (unsigned i = 0; i < op->getNumResults(); ++i)
@@ -587,10 +587,12 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
            << c.getStage() << "\n";
         return success();
       })
-      .Case<ReshapeOp>([&](ReshapeOp r) {
-        names[r.getResult()] = name(r.getInput());
-        if (splats.count(r.getInput()))
-          splats.insert(r.getResult());
+      .Case<ViewLikeOpInterface>([&](ViewLikeOpInterface view) {
+        // A view names its source's memory.
+        Value source = view.getViewSource(), result = view->getResult(0);
+        names[result] = name(source);
+        if (splats.count(source))
+          splats.insert(result);
         return success();
       })
       .Case<AccumulateGradOp>([&](AccumulateGradOp acc) {
@@ -606,7 +608,7 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
         return success();
       })
       .Case<func::ReturnOp>([&](func::ReturnOp ret) {
-        if (target == Target::Cuda)
+        if (desc.lossOnDevice)
           os << "  return readScalar(" << name(ret.getOperand(0)) << ");\n";
         else
           os << "  return " << name(ret.getOperand(0)) << "[0];\n";
@@ -889,11 +891,11 @@ LogicalResult CpuEmitter::emitOp(Operation *op) {
       })
       .Default([&](Operation *o) {
         return o->emitOpError("is not supported by the ")
-               << targetName(target) << " target";
+               << desc.name << " target";
       });
 }
 
-LogicalResult CpuEmitter::emit() {
+LogicalResult StepEmitter::emit() {
   plan = MemoryPlan::get(module);
   if (!plan)
     return failure();
@@ -918,16 +920,14 @@ LogicalResult CpuEmitter::emit() {
     if (failed(emitOp(&op)))
       return failure();
 
-  const bool cuda = target == Target::Cuda;
   out << "// Generated by fastllm-opt: the training step of one rank ("
-      << (cuda ? "CUDA" : "CPU") << ").\n"
+      << desc.displayName << ").\n"
       << "// Do not edit; recompile the model instead.\n\n"
       << "#include \"runtime/ModelABI.h\"\n"
-      << (cuda ? "#include \"runtime/cuda/Generated.cuh\"\n\n"
-               : "#include \"runtime/cpu/Kernels.h\"\n\n")
+      << "#include \"" << desc.kernelHeader << "\"\n\n"
       << "#include <cmath>\n#include <cstdint>\n\n"
-      << "using namespace fastllm::rt;\nusing namespace fastllm::rt::"
-      << (cuda ? "cuda" : "cpu") << ";\n\n"
+      << "using namespace fastllm::rt;\nusing namespace "
+      << desc.kernelNamespace << ";\n\n"
       << "static_assert(kAbiVersion == " << ::fastllm::rt::kAbiVersion
       << ",\n              \"this file was generated for runtime ABI "
       << ::fastllm::rt::kAbiVersion
@@ -947,82 +947,67 @@ LogicalResult CpuEmitter::emit() {
   return success();
 }
 
+const TargetDescription &TargetDescription::get(Target target) {
+  static const TargetDescription cpu{
+      "cpu", "CPU", "train_step.cpp", "runtime/cpu/Kernels.h",
+      "fastllm::rt::cpu", "", "", /*constantsOnDevice=*/false,
+      /*lossOnDevice=*/false};
+  static const TargetDescription cuda{
+      "cuda", "CUDA", "train_step.cu", "runtime/cuda/Generated.cuh",
+      "fastllm::rt::cuda", "__host__ __device__ ", "__nv_bfloat16",
+      /*constantsOnDevice=*/true, /*lossOnDevice=*/true};
+  return target == Target::Cuda ? cuda : cpu;
+}
+
 StringRef mlir::fastllm::targetName(Target target) {
-  return target == Target::Cuda ? "cuda" : "cpu";
+  return TargetDescription::get(target).name;
 }
 
 LogicalResult mlir::fastllm::emitSource(ModuleOp module, Target target,
                                         raw_ostream &os) {
-  return CpuEmitter(module, target, os).emit();
+  return StepEmitter(module, target, os).emit();
 }
 
 //===----------------------------------------------------------------------===//
 // Weights
 //===----------------------------------------------------------------------===//
 
-/// The raw little-endian bytes of a parameter's initial value.
-static FailureOr<std::string> parameterBytes(ParameterOp p) {
-  ElementsAttr init = p.getInitialValueAttr();
-  RankedTensorType t = p.getTensorType();
-  size_t bytes = t.getNumElements() * 4;
-  if (!init)
-    return p.emitOpError("has no initial value"), failure();
-  if (auto res = dyn_cast<DenseResourceElementsAttr>(init)) {
-    AsmResourceBlob *blob = res.getRawHandle().getBlob();
-    if (!blob || blob->getData().size() != bytes)
-      return p.emitOpError("initial value blob is missing or has the wrong size"),
-             failure();
-    return std::string(blob->getData().data(), bytes);
-  }
-  if (auto dense = dyn_cast<DenseElementsAttr>(init)) {
-    std::string out;
-    out.reserve(bytes);
-    for (APFloat f : dense.getValues<APFloat>()) {
-      float v = f.convertToFloat();
-      out.append(reinterpret_cast<const char *>(&v), 4);
-    }
-    return out;
-  }
-  return p.emitOpError("initial value kind is not supported"), failure();
-}
-
 LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
-  // Header first: safetensors is [u64 header size][JSON header][data].
-  llvm::json::Object header;
-  SmallVector<std::string> blobs;
-  uint64_t offset = 0;
+  // The runtime's safetensors writer, pointed at the initial values where
+  // they lie: an imported weight's resource blob is written from the blob;
+  // only a dense attribute (hand-written IR) is converted first.
+  std::vector<::fastllm::rt::TensorRef> tensors;
+  std::vector<std::vector<float>> converted;
   for (auto p : module.getOps<ParameterOp>()) {
-    auto bytes = parameterBytes(p);
-    if (failed(bytes))
-      return failure();
-    llvm::json::Array shape;
-    for (int64_t d : p.getTensorType().getShape())
-      shape.push_back(d);
-    header[p.getSymName()] = llvm::json::Object{
-        {"dtype", "F32"},
-        {"shape", std::move(shape)},
-        {"data_offsets", llvm::json::Array{offset, offset + bytes->size()}}};
-    offset += bytes->size();
-    blobs.push_back(std::move(*bytes));
+    ElementsAttr init = p.getInitialValueAttr();
+    RankedTensorType t = p.getTensorType();
+    const size_t bytes = t.getNumElements() * sizeof(float);
+    const float *data = nullptr;
+    if (!init)
+      return p.emitOpError("has no initial value");
+    if (auto res = dyn_cast<DenseResourceElementsAttr>(init)) {
+      AsmResourceBlob *blob = res.getRawHandle().getBlob();
+      if (!blob || blob->getData().size() != bytes)
+        return p.emitOpError("initial value blob is missing or has the wrong "
+                             "size");
+      data = reinterpret_cast<const float *>(blob->getData().data());
+    } else if (auto dense = dyn_cast<DenseElementsAttr>(init)) {
+      std::vector<float> &values = converted.emplace_back();
+      values.reserve(t.getNumElements());
+      for (APFloat f : dense.getValues<APFloat>())
+        values.push_back(f.convertToFloat());
+      data = values.data();
+    } else {
+      return p.emitOpError("initial value kind is not supported");
+    }
+    tensors.push_back({p.getSymName().str(),
+                       std::vector<int64_t>(t.getShape().begin(),
+                                            t.getShape().end()),
+                       data});
   }
-  header["__metadata__"] = llvm::json::Object{{"format", "pt"},
-                                              {"producer", "fastllm-opt"}};
-  std::string json;
-  llvm::raw_string_ostream js(json);
-  js << llvm::json::Value(std::move(header));
-  js.flush();
-  while (json.size() % 8)
-    json += ' ';
-
-  ::fastllm::rt::OutputFile file(path.str());
-  uint64_t headerSize = json.size();
-  char sizeBytes[8];
-  for (int i = 0; i < 8; ++i)
-    sizeBytes[i] = char((headerSize >> (8 * i)) & 0xff);
-  bool ok = file.open() && file.write(sizeBytes, 8) && file.write(json);
-  for (const std::string &b : blobs)
-    ok = ok && file.write(b.data(), b.size());
-  if (!ok || !file.commit())
-    return module.emitError(file.error());
+  ::fastllm::rt::Status status = ::fastllm::rt::writeSafetensors(
+      path.str(), tensors, {{"format", "pt"}, {"producer", "fastllm-opt"}});
+  if (!status.ok())
+    return module.emitError(status.message());
   return success();
 }

@@ -19,6 +19,29 @@ namespace mlir::fastllm {
 
 enum class Target { Cpu, Cuda };
 
+/// Everything in which the emitted source of one target differs from
+/// another's, in one place: the emitter asks it, never `if (cuda)`.
+struct TargetDescription {
+  llvm::StringRef name;        ///< as `--target` and PlanInfo::target spell it
+  llvm::StringRef displayName; ///< in the generated file's first line
+  llvm::StringRef sourceFile;  ///< the file `compile` writes the step to
+  llvm::StringRef kernelHeader;    ///< the kernel library's API
+  llvm::StringRef kernelNamespace; ///< where its calls live
+  /// What a generated functor's call operator is declared with (CUDA: it
+  /// runs on the device and on the host).
+  llvm::StringRef functorQualifier;
+  /// The C type of bf16 storage, empty when the target computes in fp32 only.
+  llvm::StringRef bf16Type;
+  /// Whether constants live on the device: a `__device__` array gN the step
+  /// finds once through deviceAddress(), rather than a static array.
+  bool constantsOnDevice;
+  /// Whether the loss must be copied back from the device when the step's
+  /// work is done (readScalar), rather than read in place.
+  bool lossOnDevice;
+
+  static const TargetDescription &get(Target target);
+};
+
 /// The target's name, as `--target` and PlanInfo::target spell it.
 llvm::StringRef targetName(Target target);
 

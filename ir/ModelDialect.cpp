@@ -245,6 +245,8 @@ LogicalResult TransposeOp::verify() {
   return success();
 }
 
+Value ReshapeOp::getViewSource() { return getInput(); }
+
 LogicalResult ReshapeOp::verify() {
   if (failed(verifySameElementType(*this, {getInput(), getResult()})))
     return failure();

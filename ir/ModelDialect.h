@@ -11,6 +11,7 @@
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "mlir/Interfaces/ViewLikeInterface.h"
 
 #include "ir/ModelDialect.h.inc"
 #include "ir/GradientInterface.h.inc"
@@ -32,5 +33,16 @@ class PointwiseTrait : public OpTrait::TraitBase<ConcreteType, PointwiseTrait> {
 
 #define GET_OP_CLASSES
 #include "ir/ModelOps.h.inc"
+
+namespace mlir::fastllm::model {
+/// The value whose buffer `v` names: `v` seen through every view
+/// (ViewLikeOpInterface: model.reshape) back to the op that owns memory, or
+/// to a block argument.
+inline Value bufferRoot(Value v) {
+  while (auto view = v.getDefiningOp<ViewLikeOpInterface>())
+    v = view.getViewSource();
+  return v;
+}
+} // namespace mlir::fastllm::model
 
 #endif // FASTLLM_IR_MODELDIALECT_H

@@ -8,6 +8,7 @@ include "mlir/IR/SymbolInterfaces.td"
 include "mlir/IR/BuiltinAttributeInterfaces.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/Interfaces/ViewLikeInterface.td"
 include "ir/GradientInterface.td"
 
 /// Ops autodiff can differentiate implement buildGradients (ModelGradients.cpp).
@@ -261,9 +262,14 @@ def Model_TransposeOp : Model_Op<"transpose", [Pure, Differentiable]> {
   let hasVerifier = 1;
 }
 
-def Model_ReshapeOp : Model_Op<"reshape", [Pure, Differentiable]> {
+def Model_ReshapeOp : Model_Op<"reshape", [Pure, Differentiable,
+    DeclareOpInterfaceMethods<ViewLikeOpInterface>]> {
   let summary = "reinterprets the row-major elements with another shape";
   let description = [{
+    A view: its result is its input's buffer (ViewLikeOpInterface), so the
+    memory planner, the collectives' analyses and the emitter give it no
+    memory of its own (model::bufferRoot finds the buffer).
+
     ```mlir
     %r = model.reshape %x : tensor<2x3x4xf32> -> tensor<6x4xf32>
     ```

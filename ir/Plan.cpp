@@ -126,8 +126,8 @@ LogicalResult plan::PlanDialect::verifyOperationAttribute(Operation *op,
     if (!i || !i.getType().isSignlessInteger(64))
       return op->emitOpError("'") << name << "' must be an i64, got " << value;
     if (i.getInt() < min)
-      return op->emitOpError("'") << name << "' must be at least " << min
-                                  << ", got " << i.getInt();
+      return op->emitOpError("'")
+             << name << "' must be at least " << min << ", got " << i.getInt();
     return success();
   };
   auto onParameter = [&]() -> LogicalResult {

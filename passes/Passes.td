@@ -157,8 +157,21 @@ def VerifyCollectivesPass : Pass<"fastllm-verify-collectives", "ModuleOp"> {
     stage's size); every parameter read finds its stage in its weight slot;
     every gradient is added into a slot cleared for its stage; every stage
     with parameters is reduce-scattered exactly once per micro-batch
-    (ZeRO-2/3); nothing is in flight at the end. Records the bytes moved per
-    micro-batch and per step in `plan.memory`.
+    (ZeRO-2/3); nothing is in flight at the end. A pure verifier: it
+    changes nothing (fastllm-count-traffic records what the collectives
+    move).
+  }];
+}
+
+def CountTrafficPass : Pass<"fastllm-count-traffic", "ModuleOp"> {
+  let summary = "records the bytes one rank's collectives move";
+  let description = [{
+    Sums, into the module's `plan.memory`, the bytes one rank's collectives
+    move, counting a collective as its full buffer (a stage's fp32 elements
+    times 4): the all-gathers and reduce-scatters of `@train_step`, per
+    micro-batch, and the runtime's once per optimizer step (ZeRO-1
+    reduce-scatters and ZeRO-1/2 all-gathers of the whole flat array). With
+    dp 1 nothing moves and every figure is 0.
   }];
 }
 

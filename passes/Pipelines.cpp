@@ -53,18 +53,18 @@ mlir::fastllm::verifyLayersPerStage(double layersPerStage, StringRef prefix,
   return failure();
 }
 
-LogicalResult mlir::fastllm::verifyTrainingOptions(
-    const TrainingPipelineOptions &options, StringRef prefix,
-    function_ref<void(const Twine &)> error) {
+LogicalResult
+mlir::fastllm::verifyTrainingOptions(const TrainingPipelineOptions &options,
+                                     StringRef prefix,
+                                     function_ref<void(const Twine &)> error) {
   auto given = [](const auto &option) -> std::optional<int64_t> {
     if (!option.hasValue())
       return std::nullopt;
     return option.getValue();
   };
-  if (failed(verifyZeroOptions(options.dp, options.zeroStage,
-                               given(options.numGradBuffers),
-                               given(options.numWeightBuffers), prefix,
-                               error)) ||
+  if (failed(verifyZeroOptions(
+          options.dp, options.zeroStage, given(options.numGradBuffers),
+          given(options.numWeightBuffers), prefix, error)) ||
       failed(verifyLayersPerStage(options.layersPerStage, prefix, error)))
     return failure();
   if (options.precision != "fp32" && options.precision != "bf16")
@@ -128,6 +128,7 @@ void mlir::fastllm::buildTrainingPipeline(
   pm.addPass(std::move(zeroLayout));
   pm.addPass(createZeroCollectivesPass());
   pm.addPass(createVerifyCollectivesPass());
+  pm.addPass(createCountTrafficPass());
   pm.addPass(createFuseGradAccumulationPass());
   pm.addPass(createFuseElementwisePass());
   pm.addPass(createPlanMemoryPass());

@@ -3,7 +3,8 @@
 // `fastllm-opt compile` and the opt mode run the same pipeline, registered
 // under a name (IREE's practice), so a lit test or a user can reproduce
 // exactly what the driver did:
-//   --pass-pipeline='builtin.module(fastllm-training-pipeline{dp=2 zero-stage=3})'
+//   --pass-pipeline='builtin.module(fastllm-training-pipeline{dp=2
+//   zero-stage=3})'
 // It serves every target: the emitter's target description is not a pass
 // option. `fastllm-cpu-pipeline`, its earlier name, is kept as an alias.
 //
@@ -25,7 +26,7 @@ namespace mlir::fastllm {
 struct TrainingPipelineOptions
     : public PassPipelineOptions<TrainingPipelineOptions> {
 #define FASTLLM_TRAINING_OPTION(type, member, flag, initial, help)             \
-  Option<type> member{*this, flag, llvm::cl::desc(help),                        \
+  Option<type> member{*this, flag, llvm::cl::desc(help),                       \
                       llvm::cl::init(initial)};
 #include "passes/TrainingOptions.def"
 };

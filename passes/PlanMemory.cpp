@@ -209,10 +209,10 @@ void PlanMemoryPass::runOnOperation() {
   for (Operation &op : body) {
     if (isa<ConstantOp, GetParameterOp>(op))
       continue;
-    if (auto reshape = dyn_cast<ReshapeOp>(op)) {
-      auto it = bufferOf.find(reshape.getInput());
+    if (auto view = dyn_cast<ViewLikeOpInterface>(op)) {
+      auto it = bufferOf.find(view.getViewSource());
       if (it != bufferOf.end())
-        bufferOf[reshape.getResult()] = it->second;
+        bufferOf[op.getResult(0)] = it->second;
       continue;
     }
     for (Value r : op.getResults()) {
@@ -235,7 +235,7 @@ void PlanMemoryPass::runOnOperation() {
 
   for (Operation &op : body) {
     if (!llvm::any_of(op.getResultTypes(), llvm::IsaPred<RankedTensorType>) ||
-        isa<ConstantOp, GetParameterOp, ReshapeOp>(op))
+        isa<ConstantOp, GetParameterOp, ViewLikeOpInterface>(op))
       continue;
     SmallVector<int64_t> offsets;
     for (Value r : op.getResults())

@@ -29,13 +29,6 @@ struct PrepareEmissionPass
   void runOnOperation() override;
 };
 
-/// `v` seen through the reshapes that alias it.
-Value throughReshapes(Value v) {
-  while (auto reshape = v.getDefiningOp<ReshapeOp>())
-    v = reshape.getInput();
-  return v;
-}
-
 /// The largest token id + 1 the step can take: the class dimension of every
 /// loss on the targets and the rows of every table the tokens index bound
 /// it. Other losses (on constant labels) and other lookups do not. Failure
@@ -46,12 +39,12 @@ FailureOr<int64_t> vocabularyBound(func::FuncOp step, Value tokens,
   auto bound = [&](int64_t v) { vocab = vocab < 0 ? v : std::min(vocab, v); };
   step.walk([&](Operation *op) {
     if (isa<CrossEntropyOp, NllLossOp>(op) &&
-        throughReshapes(op->getOperand(1)) == targets)
+        bufferRoot(op->getOperand(1)) == targets)
       bound(cast<RankedTensorType>(op->getOperand(0).getType())
                 .getShape()
                 .back());
     if (auto gather = dyn_cast<GatherOp>(op))
-      if (throughReshapes(gather.getIndices()) == tokens)
+      if (bufferRoot(gather.getIndices()) == tokens)
         bound(cast<RankedTensorType>(gather.getInput().getType())
                   .getDimSize(gather.getDim()));
   });

@@ -69,7 +69,6 @@ void VerifyCollectivesPass::runOnOperation() {
   SmallVector<int64_t> reduced(numStages, 0);
   DenseMap<Value, Operation *> inFlight;
   DenseMap<Value, std::pair<int64_t, int64_t>> paramView; // value -> (slot, stage)
-  int64_t reduceBytes = 0, gatherBytes = 0;
 
   auto stageOk = [&](Operation *op, int64_t stage) -> LogicalResult {
     if (stage >= numStages || plan->stageElements[stage] == 0)
@@ -113,7 +112,6 @@ void VerifyCollectivesPass::runOnOperation() {
         weightArriving[j] = true;
         weightHolds[j] = s;
         inFlight[gather.getRequest()] = &op;
-        gatherBytes += plan->stageElements[s] * 4;
       }
     } else if (auto reduce = dyn_cast<ReduceScatterOp>(op)) {
       int64_t s = reduce.getStage(), j = reduce.getSlot();
@@ -130,7 +128,6 @@ void VerifyCollectivesPass::runOnOperation() {
                    << " (or is already being reduced)";
         gradState[j] = Grad::Reducing;
         inFlight[reduce.getRequest()] = &op;
-        reduceBytes += plan->stageElements[s] * 4;
       }
     } else if (auto wait = dyn_cast<WaitOp>(op)) {
       Operation *started = inFlight.lookup(wait.getRequest());
@@ -195,9 +192,9 @@ void VerifyCollectivesPass::runOnOperation() {
                  << "ZeRO-3 step";
       else if (zero == 3)
         paramView[get.getResult()] = {j, owner};
-    } else if (auto reshape = dyn_cast<ReshapeOp>(op)) {
-      if (auto it = paramView.find(reshape.getInput()); it != paramView.end())
-        paramView[reshape.getResult()] = it->second;
+    } else if (auto view = dyn_cast<ViewLikeOpInterface>(op)) {
+      if (auto it = paramView.find(view.getViewSource()); it != paramView.end())
+        paramView[op.getResult(0)] = it->second;
     } else {
       for (Value operand : op.getOperands()) {
         auto it = paramView.find(operand);
@@ -237,14 +234,4 @@ void VerifyCollectivesPass::runOnOperation() {
                                     "reduced exactly once";
         return signalPassFailure();
       }
-
-  // The traffic: a collective of one rank moves its full buffer's bytes (dp
-  // = 1 moves nothing).
-  int64_t full = plan->paramElements * 4;
-  bool moves = plan->dataParallel > 1;
-  plan->reduceScatterBytesPerMicroBatch = moves ? reduceBytes : 0;
-  plan->allGatherBytesPerMicroBatch = moves ? gatherBytes : 0;
-  plan->reduceScatterBytesPerStep = moves && zero == 1 ? full : 0;
-  plan->allGatherBytesPerStep = moves && zero <= 2 ? full : 0;
-  plan->set(module);
 }

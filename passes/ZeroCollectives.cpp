@@ -56,7 +56,7 @@ struct Action {
 /// Ops that compute (and so read or write buffers), as opposed to views and
 /// constants, which only name memory.
 bool computes(Operation *op) {
-  return !isa<GetParameterOp, ConstantOp, ReshapeOp>(op);
+  return !isa<GetParameterOp, ConstantOp, ViewLikeOpInterface>(op);
 }
 } // namespace
 
@@ -114,8 +114,8 @@ void ZeroCollectivesPass::runOnOperation() {
     while (!views.empty()) {
       Value v = views.pop_back_val();
       for (Operation *user : v.getUsers()) {
-        if (auto r = dyn_cast<ReshapeOp>(user))
-          views.push_back(r.getResult());
+        if (isa<ViewLikeOpInterface>(user))
+          views.push_back(user->getResult(0));
         else if (isBackward(user))
           backwardRead = true;
       }

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tools/Compile.h"
+#include "tools/BuildConfig.h"
 
 #include "codegen/CppEmitter.h"
 #include "frontend/OnnxImporter.h"
@@ -39,6 +40,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
 
 using namespace mlir;
 using namespace llvm;
@@ -306,78 +310,109 @@ static bool runLogged(ArrayRef<std::string> args, StringRef log,
   return true;
 }
 
-/// Compiles and links the training binary DIR/train: the generated step, the
-/// runtime, and the target's device and kernel libraries. The compilers'
-/// output goes to DIR/build.log and is shown on failure. CUDA: nvcc compiles
-/// the step (for FASTLLM_CUDA_ARCH, with the host compiler as nvcc's host
-/// compiler) and the host compiler links. CUDA emulation: the host compiler
-/// builds the same train_step.cu against the CUDA emulation
-/// (runtime/cuda/emu/) and links its libraries instead of the CUDA ones.
-static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
-                        bool cudaEmulation) {
+/// How one target's step becomes a binary: the compiler and its flags for
+/// the generated source (from the build's configuration, tools/BuildConfig.h)
+/// and the libraries it links besides the runtime.
+struct BuildRecipe {
+  std::string compiler;
+  std::vector<std::string> compileFlags;
+  std::vector<std::string> targetLibraries; ///< archives in the runtime's lib/
+  std::vector<std::string> systemLibraries;
+};
+
+template <size_t N>
+static void appendFlags(std::vector<std::string> &to,
+                        const char *const (&flags)[N]) {
+  for (const char *flag : flags)
+    if (*flag)
+      to.push_back(flag);
+}
+
+/// The recipe for `target`, or nullopt with an error when this fastllm-opt
+/// cannot build it. FASTLLM_CXX and FASTLLM_NVCC override the compilers.
+static std::optional<BuildRecipe> recipeFor(mlir::fastllm::Target target,
+                                            bool cudaEmulation) {
   std::string cxx = FASTLLM_HOST_CXX;
   if (const char *env = std::getenv("FASTLLM_CXX"))
     cxx = env;
-  const bool cuda = target == mlir::fastllm::Target::Cuda;
+  BuildRecipe r;
+  if (target == mlir::fastllm::Target::Cpu) {
+    r.compiler = cxx;
+    appendFlags(r.compileFlags, ::fastllm::build::kCpuFlags);
+    r.compileFlags.insert(r.compileFlags.end(), {"-std=c++17", "-fopenmp"});
+    r.targetLibraries = {"libfastllm_rt_cpu.a", "libfastllm_cpu_kernels.a"};
+    r.systemLibraries = {"-lopenblas"};
+  } else if (cudaEmulation) {
+    // The same train_step.cu, built by the host compiler against the CUDA
+    // emulation (runtime/cuda/emu/), linked with its libraries.
+    r.compiler = cxx;
+    r.compileFlags = {"-std=c++17"};
+    appendFlags(r.compileFlags, ::fastllm::build::kCudaEmulationFlags);
+    r.targetLibraries = {"libfastllm_rt_cuda_emu.a",
+                         "libfastllm_cuda_kernels_emu.a",
+                         "libfastllm_cuda_emu.a"};
+    r.systemLibraries = {"-lboost_context", "-lpthread"};
+  } else {
+    r.compiler = FASTLLM_NVCC;
+    if (const char *env = std::getenv("FASTLLM_NVCC"))
+      r.compiler = env;
+    if (r.compiler.empty()) {
+      compileError() << "this fastllm-opt was built without the CUDA toolkit "
+                        "(nvcc not found), so it cannot build a CUDA binary; "
+                        "--emit source writes train_step.cu (or set "
+                        "FASTLLM_NVCC)\n";
+      return std::nullopt;
+    }
+    appendFlags(r.compileFlags, ::fastllm::build::kNvccFlags);
+    r.compileFlags.insert(r.compileFlags.end(), {"-ccbin", cxx});
+    r.targetLibraries = {"libfastllm_rt_cuda.a", "libfastllm_cuda_kernels.a"};
+    std::string cudaLib = FASTLLM_CUDA_LIBRARY_DIR;
+    r.systemLibraries = {"-L" + cudaLib, "-Wl,-rpath," + cudaLib, "-lnccl",
+                         "-lcublasLt", "-lcudart"};
+  }
+  return r;
+}
+
+/// Compiles and links the training binary DIR/train: the generated step, the
+/// runtime, and the target's device and kernel libraries. The compilers'
+/// output goes to DIR/build.log and is shown on failure.
+static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
+                        bool cudaEmulation) {
+  std::optional<BuildRecipe> recipe = recipeFor(target, cudaEmulation);
+  if (!recipe)
+    return false;
   auto path = [&](StringRef name) {
     SmallString<256> p(dir);
     sys::path::append(p, name);
     return std::string(p);
   };
-  std::string source = path(cuda ? "train_step.cu" : "train_step.cpp");
+  std::string source =
+      path(mlir::fastllm::TargetDescription::get(target).sourceFile);
+  std::string object = path("train_step.o");
   std::string log = path("build.log"), binary = path("train");
+
+  std::vector<std::string> compile = {recipe->compiler};
+  compile.insert(compile.end(), recipe->compileFlags.begin(),
+                 recipe->compileFlags.end());
+  compile.insert(compile.end(),
+                 {"-I" FASTLLM_SOURCE_DIR, "-c", source, "-o", object});
+  if (!runLogged(compile, log, "compiling " + source))
+    return false;
+
+  std::string cxx = FASTLLM_HOST_CXX;
+  if (const char *env = std::getenv("FASTLLM_CXX"))
+    cxx = env;
   std::string lib = FASTLLM_RUNTIME_LIB_DIR;
-  std::vector<std::string> link = {cxx, "-fopenmp"};
-  if (cuda && cudaEmulation) {
-    std::string object = path("train_step.o");
-    std::string emulation = FASTLLM_SOURCE_DIR "/runtime/cuda/emu/Emulation.h";
-    if (!runLogged({cxx, "-x", "c++", "-std=c++17", "-O2",
-                    "-DFASTLLM_CUDA_EMULATION", "-include", emulation,
-                    "-ffp-contract=off", "-I" FASTLLM_SOURCE_DIR,
-                    "-I" FASTLLM_CUDA_INCLUDE_DIR, "-c", source, "-o", object},
-                   log, "compiling " + source + " for the CUDA emulation"))
-      return false;
-    link.insert(link.end(),
-                {object, "-Wl,--start-group", lib + "/libfastllm_rt_main.a",
-                 lib + "/libfastllm_rt.a", lib + "/libfastllm_rt_cuda_emu.a",
-                 lib + "/libfastllm_cuda_kernels_emu.a",
-                 lib + "/libfastllm_cuda_emu.a", "-Wl,--end-group",
-                 "-lboost_context", "-lpthread"});
-  } else if (cuda) {
-    std::string nvcc = FASTLLM_NVCC;
-    if (const char *env = std::getenv("FASTLLM_NVCC"))
-      nvcc = env;
-    if (nvcc.empty()) {
-      compileError() << "this fastllm-opt was built without the CUDA toolkit "
-                        "(nvcc not found), so it cannot build a CUDA binary; "
-                        "--emit source writes train_step.cu (or set "
-                        "FASTLLM_NVCC)\n";
-      return false;
-    }
-    std::string object = path("train_step.o");
-    if (!runLogged({nvcc, "-std=c++17", "-O3", "-arch=" FASTLLM_CUDA_ARCH,
-                    "-ccbin", cxx, "-I" FASTLLM_SOURCE_DIR, "-c", source,
-                    "-o", object},
-                   log, "compiling " + source + " with nvcc"))
-      return false;
-    std::string cudaLib = FASTLLM_CUDA_LIBRARY_DIR;
-    // The runtime and its target library call each other: one group.
-    link.insert(link.end(),
-                {object, "-Wl,--start-group", lib + "/libfastllm_rt_main.a",
-                 lib + "/libfastllm_rt.a", lib + "/libfastllm_rt_cuda.a",
-                 lib + "/libfastllm_cuda_kernels.a", "-Wl,--end-group",
-                 "-L" + cudaLib,
-                 "-Wl,-rpath," + cudaLib, "-lnccl",
-                 "-lcublasLt", "-lcudart"});
-  } else {
-    link.insert(link.end(),
-                {"-std=c++17", "-O3", "-march=native",
-                 "-mprefer-vector-width=512", "-I" FASTLLM_SOURCE_DIR, source,
-                 "-Wl,--start-group", lib + "/libfastllm_rt_main.a",
-                 lib + "/libfastllm_rt.a", lib + "/libfastllm_rt_cpu.a",
-                 lib + "/libfastllm_cpu_kernels.a", "-Wl,--end-group",
-                 "-lopenblas"});
-  }
+  // The runtime and its target libraries call each other: one group.
+  std::vector<std::string> link = {cxx, "-fopenmp", object, "-Wl,--start-group",
+                                   lib + "/libfastllm_rt_main.a",
+                                   lib + "/libfastllm_rt.a",
+                                   lib + "/libfastllm_rt_files.a"};
+  for (const std::string &archive : recipe->targetLibraries)
+    link.push_back(lib + "/" + archive);
+  link.push_back("-Wl,--end-group");
+  link.insert(link.end(), recipe->systemLibraries.begin(),
+              recipe->systemLibraries.end());
   link.insert(link.end(), {"-lmpi", "-lm", "-o", binary});
   return runLogged(link, log, "building " + binary);
 }
@@ -571,9 +606,9 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
   raw_string_ostream sourceStream(source);
   if (failed(mlir::fastllm::emitSource(*module, emitTarget, sourceStream)))
     return 1;
-  if (!writeFile(path(emitTarget == mlir::fastllm::Target::Cuda ? "train_step.cu"
-                                                          : "train_step.cpp"),
-                 source))
+  if (!writeFile(
+          path(mlir::fastllm::TargetDescription::get(emitTarget).sourceFile),
+          source))
     return 1;
   if (failed(mlir::fastllm::writeWeights(*module, path("weights.safetensors"))))
     return 1;

@@ -1,24 +1,24 @@
 // Tests the collectives fastllm-zero-collectives places in a four-stage
-// step, that fastllm-verify-collectives accepts them, and the traffic it
-// records (docs/DESIGN.md section 3). Stage 0 holds the embedding @e (read again
+// step, that fastllm-verify-collectives accepts them, and the traffic
+// fastllm-count-traffic records (docs/DESIGN.md section 3). Stage 0 holds the embedding @e (read again
 // by the stage-3 head: a tied weight) and a scale @s whose gradient reads
 // it; stages 1 and 2 hold @w1 and @w2; stage 3 holds @w3 and @g. Every
 // stage's backward reads its weights. With one shared weight buffer
 // (num-weight-buffers=1) nothing can be prefetched: every gather is waited
 // at once, and only the tied stage 0 keeps its own slot.
 //
-// RUN: fastllm-opt %s --fastllm-zero-layout='dp=2' --fastllm-zero-collectives --fastllm-verify-collectives \
+// RUN: fastllm-opt %s --fastllm-zero-layout='dp=2' --fastllm-zero-collectives --fastllm-verify-collectives --fastllm-count-traffic \
 // RUN:   | FileCheck %s --check-prefix=ZERO1 --implicit-check-not=model.all_gather \
 // RUN:       --implicit-check-not=model.reduce_scatter --implicit-check-not=model.wait --implicit-check-not=model.clear_grads
-// RUN: fastllm-opt %s --fastllm-zero-layout='dp=2 zero-stage=2' --fastllm-zero-collectives --fastllm-verify-collectives \
+// RUN: fastllm-opt %s --fastllm-zero-layout='dp=2 zero-stage=2' --fastllm-zero-collectives --fastllm-verify-collectives --fastllm-count-traffic \
 // RUN:   | FileCheck %s --check-prefix=ZERO2 --implicit-check-not=model.all_gather
-// RUN: fastllm-opt %s --fastllm-zero-layout='dp=2 zero-stage=2 num-grad-buffers=1' --fastllm-zero-collectives --fastllm-verify-collectives \
+// RUN: fastllm-opt %s --fastllm-zero-layout='dp=2 zero-stage=2 num-grad-buffers=1' --fastllm-zero-collectives --fastllm-verify-collectives --fastllm-count-traffic \
 // RUN:   | FileCheck %s --check-prefix=GRAD1 --implicit-check-not=model.all_gather
-// RUN: fastllm-opt %s --fastllm-zero-layout='dp=2 zero-stage=3' --fastllm-zero-collectives --fastllm-verify-collectives \
+// RUN: fastllm-opt %s --fastllm-zero-layout='dp=2 zero-stage=3' --fastllm-zero-collectives --fastllm-verify-collectives --fastllm-count-traffic \
 // RUN:   | FileCheck %s --check-prefix=ZERO3 --implicit-check-not=model.all_gather
-// RUN: fastllm-opt %s --fastllm-zero-layout='dp=1 zero-stage=3' --fastllm-zero-collectives --fastllm-verify-collectives \
+// RUN: fastllm-opt %s --fastllm-zero-layout='dp=1 zero-stage=3' --fastllm-zero-collectives --fastllm-verify-collectives --fastllm-count-traffic \
 // RUN:   | FileCheck %s --check-prefix=DP1
-// RUN: fastllm-opt %s --fastllm-zero-layout='dp=2 zero-stage=3 num-weight-buffers=1' --fastllm-zero-collectives --fastllm-verify-collectives \
+// RUN: fastllm-opt %s --fastllm-zero-layout='dp=2 zero-stage=3 num-weight-buffers=1' --fastllm-zero-collectives --fastllm-verify-collectives --fastllm-count-traffic \
 // RUN:   | FileCheck %s --check-prefix=ONEW
 
 // One shared weight slot (0, sized for stage 3: 128) and stage 0's own

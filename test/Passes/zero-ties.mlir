@@ -8,17 +8,17 @@
 // backward. fastllm-verify-collectives proves each plan.
 //
 // RUN: fastllm-opt %s --split-input-file --fastllm-autodiff --fastllm-zero-layout='dp=2' \
-// RUN:   --fastllm-zero-collectives --fastllm-verify-collectives \
+// RUN:   --fastllm-zero-collectives --fastllm-verify-collectives --fastllm-count-traffic \
 // RUN:   | FileCheck %s --check-prefix=ZERO1 --implicit-check-not=model.clear_grads
 // RUN: fastllm-opt %s --split-input-file --fastllm-autodiff --fastllm-zero-layout='dp=2 zero-stage=2' \
-// RUN:   --fastllm-zero-collectives --fastllm-verify-collectives | FileCheck %s --check-prefix=ZERO2
+// RUN:   --fastllm-zero-collectives --fastllm-verify-collectives --fastllm-count-traffic | FileCheck %s --check-prefix=ZERO2
 // RUN: fastllm-opt %s --split-input-file --fastllm-autodiff --fastllm-zero-layout='dp=2 zero-stage=2 num-grad-buffers=1' \
-// RUN:   --fastllm-zero-collectives --fastllm-verify-collectives | FileCheck %s --check-prefix=GRAD1
+// RUN:   --fastllm-zero-collectives --fastllm-verify-collectives --fastllm-count-traffic | FileCheck %s --check-prefix=GRAD1
 // RUN: fastllm-opt %s --split-input-file --fastllm-autodiff --fastllm-zero-layout='dp=2 zero-stage=3' \
-// RUN:   --fastllm-zero-collectives --fastllm-verify-collectives | FileCheck %s --check-prefix=ZERO3
+// RUN:   --fastllm-zero-collectives --fastllm-verify-collectives --fastllm-count-traffic | FileCheck %s --check-prefix=ZERO3
 // RUN: fastllm-opt %s --split-input-file --fastllm-autodiff \
 // RUN:   --fastllm-zero-layout='dp=2 zero-stage=3 num-grad-buffers=1 num-weight-buffers=1' \
-// RUN:   --fastllm-zero-collectives --fastllm-verify-collectives | FileCheck %s --check-prefix=ONE
+// RUN:   --fastllm-zero-collectives --fastllm-verify-collectives --fastllm-count-traffic | FileCheck %s --check-prefix=ONE
 
 // A tied embedding and head three stages apart (layers-per-stage below 1 on
 // a two-block GPT), the head reading the embedding through a
