@@ -57,14 +57,9 @@ LogicalResult
 mlir::fastllm::verifyTrainingOptions(const TrainingPipelineOptions &options,
                                      StringRef prefix,
                                      function_ref<void(const Twine &)> error) {
-  auto given = [](const auto &option) -> std::optional<int64_t> {
-    if (!option.hasValue())
-      return std::nullopt;
-    return option.getValue();
-  };
   if (failed(verifyZeroOptions(
-          options.dp, options.zeroStage, given(options.numGradBuffers),
-          given(options.numWeightBuffers), prefix, error)) ||
+          options.dp, options.zeroStage, givenValue(options.numGradBuffers),
+          givenValue(options.numWeightBuffers), prefix, error)) ||
       failed(verifyLayersPerStage(options.layersPerStage, prefix, error)))
     return failure();
   if (options.precision != "fp32" && options.precision != "bf16")

@@ -40,6 +40,14 @@ LogicalResult verifyTrainingOptions(const TrainingPipelineOptions &options,
                                     StringRef prefix,
                                     function_ref<void(const Twine &)> error);
 
+/// An option's value when it was given, nullopt when it keeps its default.
+template <typename OptionT>
+std::optional<int64_t> givenValue(const OptionT &option) {
+  if (!option.hasValue())
+    return std::nullopt;
+  return option.getValue();
+}
+
 /// The rules of fastllm-zero-layout's options (`numGradBuffers` and
 /// `numWeightBuffers` only when given).
 LogicalResult verifyZeroOptions(int64_t dp, int64_t zeroStage,

@@ -64,13 +64,8 @@ LogicalResult ZeroLayoutPass::validateOptions(ModuleOp module) {
     module.emitError(msg);
     return failure();
   };
-  auto given = [](const auto &option) -> std::optional<int64_t> {
-    if (!option.hasValue())
-      return std::nullopt;
-    return option.getValue();
-  };
-  if (failed(verifyZeroOptions(dp, zeroStage, given(numGradBuffers),
-                               given(numWeightBuffers), "",
+  if (failed(verifyZeroOptions(dp, zeroStage, givenValue(numGradBuffers),
+                               givenValue(numWeightBuffers), "",
                                [&](const Twine &msg) { fail(msg); })))
     return failure();
   if (alignment <= 0 || !llvm::isPowerOf2_64(alignment) || alignment % 4)

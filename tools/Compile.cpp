@@ -328,13 +328,17 @@ static void appendFlags(std::vector<std::string> &to,
       to.push_back(flag);
 }
 
+/// The host compiler: the build's, or FASTLLM_CXX.
+static std::string hostCompiler() {
+  const char *env = std::getenv("FASTLLM_CXX");
+  return env ? env : FASTLLM_HOST_CXX;
+}
+
 /// The recipe for `target`, or nullopt with an error when this fastllm-opt
 /// cannot build it. FASTLLM_CXX and FASTLLM_NVCC override the compilers.
 static std::optional<BuildRecipe> recipeFor(mlir::fastllm::Target target,
                                             bool cudaEmulation) {
-  std::string cxx = FASTLLM_HOST_CXX;
-  if (const char *env = std::getenv("FASTLLM_CXX"))
-    cxx = env;
+  const std::string cxx = hostCompiler();
   BuildRecipe r;
   if (target == mlir::fastllm::Target::Cpu) {
     r.compiler = cxx;
@@ -399,9 +403,7 @@ static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
   if (!runLogged(compile, log, "compiling " + source))
     return false;
 
-  std::string cxx = FASTLLM_HOST_CXX;
-  if (const char *env = std::getenv("FASTLLM_CXX"))
-    cxx = env;
+  const std::string cxx = hostCompiler();
   std::string lib = FASTLLM_RUNTIME_LIB_DIR;
   // The runtime and its target libraries call each other: one group.
   std::vector<std::string> link = {cxx, "-fopenmp", object, "-Wl,--start-group",
