@@ -1,11 +1,15 @@
 //===- CppEmitter.h - planned model IR to C++ -------------------*- C++ -*-===//
 //
 // Emission never changes the IR (CIRCT's rule): everything it needs (buffer
-// offsets, parameter layout) was decided by the passes and is read from
-// attributes. One walk serves both targets: the CPU source calls
+// offsets, parameter layout, data sizes, weight decay) was decided by the
+// passes and is read from attributes (fastllm-prepare-emission makes the last
+// decisions visible). One walk serves both targets: the CPU source calls
 // runtime/cpu/Kernels.h, the CUDA source (compiled by nvcc) the same API in
 // runtime/cuda/Kernels.cuh, which launches kernels on device pointers into
-// the same arena; only constants, functors and the loss read differ.
+// the same arena; what differs is asked of the TargetDescription. The printer
+// is StepEmitter.h/.cpp and its Emit*.cpp parts; Weights.cpp writes the
+// initial weights; Translate.cpp exposes the printer to `fastllm-opt
+// translate`.
 //
 //===----------------------------------------------------------------------===//
 
@@ -22,10 +26,10 @@ enum class Target { Cpu, Cuda };
 /// Everything in which the emitted source of one target differs from
 /// another's, in one place: the emitter asks it, never `if (cuda)`.
 struct TargetDescription {
-  llvm::StringRef name;        ///< as `--target` and PlanInfo::target spell it
-  llvm::StringRef displayName; ///< in the generated file's first line
-  llvm::StringRef sourceFile;  ///< the file `compile` writes the step to
-  llvm::StringRef kernelHeader;    ///< the kernel library's API
+  llvm::StringRef name;         ///< as `--target` and PlanInfo::target spell it
+  llvm::StringRef displayName;  ///< in the generated file's first line
+  llvm::StringRef sourceFile;   ///< the file `compile` writes the step to
+  llvm::StringRef kernelHeader; ///< the kernel library's API
   llvm::StringRef kernelNamespace; ///< where its calls live
   /// What a generated functor's call operator is declared with (CUDA: it
   /// runs on the device and on the host).
@@ -50,6 +54,10 @@ llvm::StringRef targetName(Target target);
 /// fastllm-autodiff and fastllm-plan-memory. Fails with diagnostics on ops
 /// the target cannot run.
 LogicalResult emitSource(ModuleOp module, Target target, llvm::raw_ostream &os);
+
+/// Registers the translations `fastllm-to-cpu` and `fastllm-to-cuda`
+/// (emitSource() for each target) for `fastllm-opt translate`.
+void registerFastllmTranslations();
 
 /// Writes every model.parameter's initial value as F32 tensors in the
 /// safetensors format, atomically (temporary file, fsync, rename).

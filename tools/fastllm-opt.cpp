@@ -1,14 +1,18 @@
 //===- fastllm-opt.cpp - the fastllm-opt driver ---------------------------===//
 //
-// One binary, three modes:
+// One binary, four modes:
 //   fastllm-opt import MODEL.onnx [--bind-dim N=V]... [-o FILE]   ONNX -> MLIR
+//   fastllm-opt compile MODEL -o DIR ...                 the training program
+//   fastllm-opt translate --fastllm-to-cpu PLANNED.mlir       MLIR -> C++
 //   fastllm-opt [opt flags] INPUT.mlir                            mlir-opt mode
-// The opt mode is MLIR's MlirOptMain with only our dialects and passes.
+// The opt mode is MLIR's MlirOptMain with only our dialects and passes; the
+// translate mode MLIR's MlirTranslateMain with the emitter's translations.
 //
 //===----------------------------------------------------------------------===//
 
 #include "frontend/OnnxImporter.h"
 #include "passes/Pipelines.h"
+#include "codegen/CppEmitter.h"
 #include "tools/Compile.h"
 #include "ir/ModelDialect.h"
 #include "ir/Plan.h"
@@ -22,6 +26,7 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "mlir/Tools/mlir-translate/MlirTranslateMain.h"
 #include "mlir/Transforms/Passes.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/InitLLVM.h"
@@ -169,6 +174,16 @@ int main(int argc, char **argv) {
     argv[1] = name.data();
     return fastllm::compileMain(argc - 1, argv + 1);
   }
+  if (argc > 1 && StringRef(argv[1]) == "translate") {
+    std::string name = std::string(argv[0]) + " translate";
+    argv[1] = name.data();
+    fastllm::registerFastllmTranslations();
+    return asMainReturnCode(
+        mlirTranslateMain(argc - 1, argv + 1,
+                          "fastllm-opt translate: planned model IR (after "
+                          "fastllm-training-pipeline) to the C++ or CUDA "
+                          "source of its training step\n"));
+  }
 
   DialectRegistry registry;
   registry.insert<fastllm::model::ModelDialect, fastllm::plan::PlanDialect,
@@ -186,6 +201,8 @@ int main(int argc, char **argv) {
       "      import an ONNX model (see `fastllm-opt import --help`)\n"
       "  fastllm-opt compile MODEL -o DIR --batch-size B --seq-len T\n"
       "      build the training program (see `fastllm-opt compile --help`)\n"
+      "  fastllm-opt translate --fastllm-to-cpu|--fastllm-to-cuda PLANNED.mlir\n"
+      "      print the step's C++ of a planned module (`translate --help`)\n"
       "  fastllm-opt [options] INPUT.mlir\n"
       "      run passes over MLIR, as mlir-opt does (options below)\n",
       registry));
