@@ -31,7 +31,10 @@ struct Extent {
 
 } // namespace
 
-Status fastllm::rt::validatePlan(const PlanInfo &plan) {
+namespace {
+
+/// The ABI, the target and the sizes every other check relies on.
+Status validateHeader(const PlanInfo &plan) {
   if (plan.abiVersion != kAbiVersion)
     return errorf("the model was compiled for runtime ABI %d but this runtime "
                   "is ABI %d; recompile it with this fastllm-opt",
@@ -58,9 +61,14 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
                    " parameter elements do not fit the arena of " +
                    str(plan.arenaBytes) + " bytes");
 
+  return Status();
+}
+
+/// The ZeRO stage's arrays and slots, and the stages tiling the parameters.
+Status validateStages(const PlanInfo &plan) {
+  const bool fullParams = plan.zeroStage <= 2, fullGrads = plan.zeroStage == 1;
   // The full arrays exist where the ZeRO stage keeps one buffer per stage;
   // otherwise the stages use slots.
-  const bool fullParams = plan.zeroStage <= 2, fullGrads = plan.zeroStage == 1;
   if ((plan.paramsOffset >= 0) != fullParams ||
       (plan.gradsOffset >= 0) != fullGrads)
     return invalid("ZeRO-" + str(plan.zeroStage) + " must " +
@@ -119,6 +127,13 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
     return invalid("the stages cover " + str(next) + " of the " +
                    str(plan.paramElements) + " parameter elements");
 
+  return Status();
+}
+
+/// The arena's regions and slots: inside it, aligned, apart.
+Status validateRegions(const PlanInfo &plan) {
+  const bool fullParams = plan.zeroStage <= 2, fullGrads = plan.zeroStage == 1;
+  const int64_t dp = plan.dataParallel;
   // Regions: inside the arena, aligned, and apart from one another.
   int64_t fullBytes = plan.paramElements * int64_t(sizeof(float));
   int64_t shardBytes = fullBytes / dp;
@@ -190,7 +205,11 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
                        " region [" + str(b.offset) + ", +" + str(b.bytes) +
                        ")");
 
-  // Parameters: consistent, unique, each inside one stage, apart.
+  return Status();
+}
+
+/// The parameter table: consistent, unique, each inside one stage, apart.
+Status validateParams(const PlanInfo &plan) {
   std::set<std::string_view> names;
   std::vector<std::pair<int64_t, int32_t>> byOffset; // (key, index)
   for (int32_t i = 0; i < plan.numParams; ++i) {
@@ -239,6 +258,16 @@ Status fastllm::rt::validatePlan(const PlanInfo &plan) {
       return invalid("parameters '" + std::string(a.name) + "' and '" +
                      b.name + "' overlap");
   }
+  return Status();
+}
+
+} // namespace
+
+Status fastllm::rt::validatePlan(const PlanInfo &plan) {
+  for (Status (*check)(const PlanInfo &) :
+       {validateHeader, validateStages, validateRegions, validateParams})
+    if (Status st = check(plan); !st.ok())
+      return st;
   return Status();
 }
 

@@ -419,52 +419,211 @@ static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
   return runLogged(link, log, "building " + binary);
 }
 
+namespace {
+
+/// `compile`'s command line: its own flags and the pipeline's (expanded
+/// from passes/TrainingOptions.def under the same names).
+struct CompileFlags {
+  explicit CompileFlags(cl::OptionCategory &category);
+  /// Checks the flags against each other and fills `pipeline` and
+  /// `options`; reports and fails on the first problem.
+  bool check(mlir::fastllm::TrainingPipelineOptions &pipeline,
+             mlir::fastllm::OnnxImportOptions &options) const;
+  mlir::fastllm::Target emitTarget() const {
+    return target == "cuda" ? mlir::fastllm::Target::Cuda
+                            : mlir::fastllm::Target::Cpu;
+  }
+
+  cl::opt<std::string> input;
+  cl::opt<std::string> outDir;
+  cl::opt<int64_t> batchSize;
+  cl::opt<int64_t> seqLen;
+  mlir::fastllm::ImportFlags importFlags;
+  cl::opt<std::string> target;
+  cl::opt<bool> cudaEmulation;
+#define FASTLLM_TRAINING_OPTION(type, member, flag, initial, help)             \
+  cl::opt<type> member##Flag;
+#include "passes/TrainingOptions.def"
+  cl::opt<int64_t> stagesPerPipelineStage;
+  cl::opt<bool> report;
+  cl::opt<std::string> emit;
+};
+
+} // namespace
+
+CompileFlags::CompileFlags(cl::OptionCategory &category)
+    : input(cl::Positional, cl::Required,
+            cl::desc("<model.onnx | model.onnxtext | model.mlir>"),
+            cl::cat(category)),
+      outDir("o", cl::Required,
+             cl::desc("Output folder (created if needed); its artifacts are "
+                      "replaced all together, only on success"),
+             cl::value_desc("dir"), cl::cat(category)),
+      batchSize("batch-size",
+                cl::desc("Micro-batch per rank (samples); binds dim 0 of the "
+                         "token input (default: the model's, when it fixes "
+                         "it)"),
+                cl::cat(category)),
+      seqLen("seq-len",
+             cl::desc("Tokens per sample; binds dim 1 of the token input "
+                      "(default: the model's, when it fixes it)"),
+             cl::cat(category)),
+      importFlags(category),
+      target("target",
+             cl::desc("cpu, or cuda (CUDA C++ built with nvcc for "
+                      FASTLLM_CUDA_ARCH ")"),
+             cl::init("cpu"), cl::cat(category)),
+      cudaEmulation(
+          "cuda-emulation",
+          cl::desc("--target cuda: build the same CUDA source with the host "
+                   "compiler against the CUDA emulation, for a `train` that "
+                   "runs on CPUs (one emulated H100 per rank; kernels, "
+                   "cuBLASLt and NCCL emulated)"),
+          cl::cat(category)),
+#define FASTLLM_TRAINING_OPTION(type, member, flag, initial, help)             \
+  member##Flag(flag, cl::desc(help), cl::init(initial), cl::cat(category)),
+#include "passes/TrainingOptions.def"
+      stagesPerPipelineStage(
+          "stages-per-pipeline-stage",
+          cl::desc("Pipeline parallelism: only 1 (none) is supported"),
+          cl::init(1), cl::cat(category)),
+      report("report", cl::desc("Print the per-rank memory plan"),
+             cl::cat(category)),
+      emit("emit", cl::desc("Stop after writing: mlir | source | binary"),
+           cl::init("binary"), cl::cat(category)) {
+}
+
+bool CompileFlags::check(mlir::fastllm::TrainingPipelineOptions &pipeline,
+                         mlir::fastllm::OnnxImportOptions &options) const {
+  if (target != "cpu" && target != "cuda") {
+    compileError() << "--target " << target
+                   << " is not supported (supported: cpu, cuda)\n";
+    return false;
+  }
+  if (cudaEmulation && emitTarget() != mlir::fastllm::Target::Cuda) {
+    compileError() << "--cuda-emulation needs --target cuda\n";
+    return false;
+  }
+  if (cudaEmulation && !*FASTLLM_CUDA_INCLUDE_DIR) {
+    compileError() << "this fastllm-opt was built without the CUDA toolkit, "
+                      "whose headers the CUDA emulation is built against\n";
+    return false;
+  }
+#define FASTLLM_TRAINING_OPTION(type, member, flag, initial, help)             \
+  if (member##Flag.getNumOccurrences())                                        \
+    pipeline.member = member##Flag.getValue();
+#include "passes/TrainingOptions.def"
+  if (failed(mlir::fastllm::verifyTrainingOptions(
+          pipeline, "--",
+          [](const Twine &message) { compileError() << message << "\n"; })))
+    return false;
+  if (pipeline.precision == "bf16" &&
+      emitTarget() != mlir::fastllm::Target::Cuda) {
+    compileError() << "--precision bf16 needs --target cuda (the CPU target "
+                      "computes in fp32)\n";
+    return false;
+  }
+  if (stagesPerPipelineStage != 1) {
+    compileError() << "--stages-per-pipeline-stage " << stagesPerPipelineStage
+                   << ": pipeline parallelism is not supported; use 1\n";
+    return false;
+  }
+  if (emit != "mlir" && emit != "source" && emit != "binary") {
+    compileError() << "--emit must be mlir, source or binary, got '" << emit
+                   << "'\n";
+    return false;
+  }
+  if (!importFlags.fill(options))
+    return false;
+  if (batchSize.getNumOccurrences())
+    options.batchSize = batchSize;
+  if (seqLen.getNumOccurrences())
+    options.seqLen = seqLen;
+  return true;
+}
+
+/// Parses a model-dialect module (`fastllm-opt import` output, or
+/// hand-written IR for compiler work), which skips the importer: its shapes
+/// are already static and must agree with --batch-size / --seq-len.
+static OwningOpRef<ModuleOp>
+parseModelModule(MLIRContext &context, StringRef input,
+                 const mlir::fastllm::OnnxImportOptions &options) {
+  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(input, &context);
+  if (!module)
+    return nullptr;
+  auto forward = module->lookupSymbol<func::FuncOp>("forward");
+  if (!forward || forward.getNumArguments() == 0) {
+    compileError() << input << " has no func.func @forward with inputs\n";
+    return nullptr;
+  }
+  auto tokens = dyn_cast<RankedTensorType>(forward.getArgument(0).getType());
+  if (!tokens || tokens.getRank() != 2 ||
+      (options.batchSize && tokens.getDimSize(0) != *options.batchSize) ||
+      (options.seqLen && tokens.getDimSize(1) != *options.seqLen)) {
+    compileError() << "the first input of @forward is "
+                   << forward.getArgument(0).getType()
+                   << ", not [batch-size, seq-len] tokens"
+                   << (options.batchSize || options.seqLen
+                           ? " of the sizes given"
+                           : "")
+                   << "\n";
+    return nullptr;
+  }
+  return module;
+}
+
+/// Whether @forward has a [batch, seq] integer input for the token ids. A
+/// model without one gets this plain message rather than the pipeline's
+/// (the pipeline decides the inputs' roles and sizes).
+static bool hasTokenInput(ModuleOp module, StringRef input) {
+  auto forward = module.lookupSymbol<func::FuncOp>("forward");
+  for (BlockArgument arg :
+       forward ? forward.getArguments() : ArrayRef<BlockArgument>{}) {
+    auto t = dyn_cast<RankedTensorType>(arg.getType());
+    if (t && t.getRank() == 2 && isa<IntegerType>(t.getElementType()) &&
+        !t.getElementType().isInteger(1))
+      return true;
+  }
+  compileError() << input
+                 << ": the model has no [batch, seq] integer token input\n";
+  return false;
+}
+
+/// Writes the artifacts `flags.emit` asks for into the staging folder of
+/// `output` and builds the binary; the caller commits.
+static bool writeArtifacts(ModuleOp module,
+                           const mlir::fastllm::MemoryPlan &plan,
+                           const CompileFlags &flags, StagedOutput &output) {
+  auto path = [&](StringRef name) { return output.path(name); };
+  std::string text;
+  raw_string_ostream os(text);
+  module.print(os, OpPrintingFlags()
+                       .elideLargeResourceString(64)
+                       .elideLargeElementsAttrs(64));
+  if (!writeFile(path("plan.mlir"), text) ||
+      !writeFile(path("plan.json"), planJson(module, plan, flags.target)))
+    return false;
+  if (flags.report)
+    printReport(plan, outs());
+  if (flags.emit == "mlir")
+    return true;
+
+  mlir::fastllm::Target target = flags.emitTarget();
+  std::string source;
+  raw_string_ostream sourceStream(source);
+  if (failed(mlir::fastllm::emitSource(module, target, sourceStream)) ||
+      !writeFile(path(mlir::fastllm::TargetDescription::get(target).sourceFile),
+                 source) ||
+      failed(mlir::fastllm::writeWeights(module, path("weights.safetensors"))))
+    return false;
+  if (flags.emit == "source")
+    return true;
+  return buildBinary(output.stagingDir(), target, flags.cudaEmulation);
+}
+
 int mlir::fastllm::compileMain(int argc, char **argv) {
   cl::OptionCategory category("fastllm-opt compile options");
-  cl::opt<std::string> input(cl::Positional, cl::Required,
-                             cl::desc("<model.onnx | model.onnxtext | model.mlir>"),
-                             cl::cat(category));
-  cl::opt<std::string> outDir("o", cl::Required,
-                              cl::desc("Output folder (created if needed); its artifacts are "
-                                       "replaced all together, only on success"),
-                              cl::value_desc("dir"), cl::cat(category));
-  cl::opt<int64_t> batchSize(
-      "batch-size",
-      cl::desc("Micro-batch per rank (samples); binds dim 0 of the token "
-               "input (default: the model's, when it fixes it)"),
-      cl::cat(category));
-  cl::opt<int64_t> seqLen(
-      "seq-len",
-      cl::desc("Tokens per sample; binds dim 1 of the token input (default: "
-               "the model's, when it fixes it)"),
-      cl::cat(category));
-  mlir::fastllm::ImportFlags importFlags(category);
-  cl::opt<std::string> target(
-      "target",
-      cl::desc("cpu, or cuda (CUDA C++ built with nvcc for " FASTLLM_CUDA_ARCH ")"),
-      cl::init("cpu"), cl::cat(category));
-  cl::opt<bool> cudaEmulation(
-      "cuda-emulation",
-      cl::desc("--target cuda: build the same CUDA source with the host "
-               "compiler against the CUDA emulation, for a `train` that runs "
-               "on CPUs (one emulated H100 per rank; kernels, cuBLASLt and "
-               "NCCL emulated)"),
-      cl::cat(category));
-  // The pipeline's options, as flags of the same names.
-#define FASTLLM_TRAINING_OPTION(type, member, flag, initial, help)             \
-  cl::opt<type> member##Flag(flag, cl::desc(help), cl::init(initial),          \
-                             cl::cat(category));
-#include "passes/TrainingOptions.def"
-  cl::opt<int64_t> stagesPerPipelineStage(
-      "stages-per-pipeline-stage",
-      cl::desc("Pipeline parallelism: only 1 (none) is supported"),
-      cl::init(1), cl::cat(category));
-  cl::opt<bool> report("report",
-                       cl::desc("Print the per-rank memory plan"),
-                       cl::cat(category));
-  cl::opt<std::string> emit(
-      "emit", cl::desc("Stop after writing: mlir | source | binary"),
-      cl::init("binary"), cl::cat(category));
+  CompileFlags flags(category);
   registerAsmPrinterCLOptions();
   registerMLIRContextCLOptions();
   cl::HideUnrelatedOptions({&category, &getColorCategory()});
@@ -474,149 +633,33 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
       "training program in the output folder: plan.mlir, train_step.cpp, "
       "weights.safetensors, plan.json and the `train` binary\n");
 
-  if (target != "cpu" && target != "cuda") {
-    compileError() << "--target " << target
-                   << " is not supported (supported: cpu, cuda)\n";
-    return 1;
-  }
-  const mlir::fastllm::Target emitTarget =
-      target == "cuda" ? mlir::fastllm::Target::Cuda : mlir::fastllm::Target::Cpu;
-  if (cudaEmulation && emitTarget != mlir::fastllm::Target::Cuda) {
-    compileError() << "--cuda-emulation needs --target cuda\n";
-    return 1;
-  }
-  if (cudaEmulation && !*FASTLLM_CUDA_INCLUDE_DIR) {
-    compileError() << "this fastllm-opt was built without the CUDA toolkit, "
-                      "whose headers the CUDA emulation is built against\n";
-    return 1;
-  }
   mlir::fastllm::TrainingPipelineOptions pipeline;
-#define FASTLLM_TRAINING_OPTION(type, member, flag, initial, help)             \
-  if (member##Flag.getNumOccurrences())                                        \
-    pipeline.member = member##Flag.getValue();
-#include "passes/TrainingOptions.def"
-  if (failed(mlir::fastllm::verifyTrainingOptions(
-          pipeline, "--",
-          [](const Twine &message) { compileError() << message << "\n"; })))
-    return 1;
-  if (pipeline.precision == "bf16" && emitTarget != mlir::fastllm::Target::Cuda) {
-    compileError() << "--precision bf16 needs --target cuda (the CPU target "
-                      "computes in fp32)\n";
-    return 1;
-  }
-  if (stagesPerPipelineStage != 1) {
-    compileError() << "--stages-per-pipeline-stage " << stagesPerPipelineStage
-                   << ": pipeline parallelism is not supported; use 1\n";
-    return 1;
-  }
-  if (emit != "mlir" && emit != "source" && emit != "binary") {
-    compileError() << "--emit must be mlir, source or binary, got '" << emit
-                   << "'\n";
-    return 1;
-  }
   mlir::fastllm::OnnxImportOptions options;
-  if (!importFlags.fill(options))
+  if (!flags.check(pipeline, options))
     return 1;
-  if (batchSize.getNumOccurrences())
-    options.batchSize = batchSize;
-  if (seqLen.getNumOccurrences())
-    options.seqLen = seqLen;
 
   mlir::fastllm::DriverContext driver;
   MLIRContext &context = driver.context;
-  // A model-dialect module (`fastllm-opt import` output, or hand-written IR
-  // for compiler work) skips the importer; its shapes are already static and
-  // must agree with --batch-size / --seq-len.
-  OwningOpRef<ModuleOp> module;
-  if (StringRef(input).ends_with(".mlir")) {
-    module = parseSourceFile<ModuleOp>(input.getValue(), &context);
-    if (!module)
-      return 1;
-    auto forward = module->lookupSymbol<func::FuncOp>("forward");
-    if (!forward || forward.getNumArguments() == 0) {
-      compileError() << input << " has no func.func @forward with inputs\n";
-      return 1;
-    }
-    auto tokens = dyn_cast<RankedTensorType>(forward.getArgument(0).getType());
-    if (!tokens || tokens.getRank() != 2 ||
-        (options.batchSize && tokens.getDimSize(0) != *options.batchSize) ||
-        (options.seqLen && tokens.getDimSize(1) != *options.seqLen)) {
-      compileError() << "the first input of @forward is "
-                     << forward.getArgument(0).getType()
-                     << ", not [batch-size, seq-len] tokens"
-                     << (options.batchSize || options.seqLen
-                             ? " of the sizes given"
-                             : "")
-                     << "\n";
-      return 1;
-    }
-  } else {
-    module = mlir::fastllm::importOnnxFile(&context, input, options);
-  }
-  if (!module)
+  StringRef input = flags.input;
+  OwningOpRef<ModuleOp> module =
+      input.ends_with(".mlir")
+          ? parseModelModule(context, input, options)
+          : mlir::fastllm::importOnnxFile(&context, input, options);
+  if (!module || !hasTokenInput(*module, input))
     return 1;
-  // A model without token ids gets a plain message rather than the
-  // pipeline's (the pipeline decides the inputs' roles and sizes).
-  {
-    auto forward = module->lookupSymbol<func::FuncOp>("forward");
-    RankedTensorType tokens;
-    for (BlockArgument arg : forward ? forward.getArguments()
-                                     : ArrayRef<BlockArgument>{}) {
-      auto t = dyn_cast<RankedTensorType>(arg.getType());
-      if (t && t.getRank() == 2 && isa<IntegerType>(t.getElementType()) &&
-          !t.getElementType().isInteger(1)) {
-        tokens = t;
-        break;
-      }
-    }
-    if (!tokens) {
-      compileError() << input
-                     << ": the model has no [batch, seq] integer token input\n";
-      return 1;
-    }
-  }
 
   PassManager pm(&context);
   mlir::fastllm::buildTrainingPipeline(pm, pipeline);
   if (failed(pm.run(*module)))
     return 1;
-  std::optional<mlir::fastllm::MemoryPlan> plan = mlir::fastllm::MemoryPlan::get(*module);
+  std::optional<mlir::fastllm::MemoryPlan> plan =
+      mlir::fastllm::MemoryPlan::get(*module);
   if (!plan)
     return 1;
 
   StagedOutput output;
-  if (!output.create(outDir))
-    return 1;
-  auto path = [&](StringRef name) { return output.path(name); };
-  {
-    std::string text;
-    raw_string_ostream os(text);
-    module->print(os, OpPrintingFlags()
-                          .elideLargeResourceString(64)
-                          .elideLargeElementsAttrs(64));
-    if (!writeFile(path("plan.mlir"), text))
-      return 1;
-  }
-  if (!writeFile(path("plan.json"), planJson(*module, *plan, target)))
-    return 1;
-  if (report)
-    printReport(*plan, outs());
-  if (emit == "mlir")
-    return output.commit() ? 0 : 1;
-
-  std::string source;
-  raw_string_ostream sourceStream(source);
-  if (failed(mlir::fastllm::emitSource(*module, emitTarget, sourceStream)))
-    return 1;
-  if (!writeFile(
-          path(mlir::fastllm::TargetDescription::get(emitTarget).sourceFile),
-          source))
-    return 1;
-  if (failed(mlir::fastllm::writeWeights(*module, path("weights.safetensors"))))
-    return 1;
-  if (emit == "source")
-    return output.commit() ? 0 : 1;
-  if (!buildBinary(output.stagingDir(), emitTarget, cudaEmulation))
+  if (!output.create(flags.outDir) ||
+      !writeArtifacts(*module, *plan, flags, output))
     return 1;
   return output.commit() ? 0 : 1;
 }
