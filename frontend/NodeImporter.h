@@ -162,6 +162,9 @@ Type convertOnnxElementType(MLIRContext *context, int32_t dataType);
 /// The ONNX name of a TensorProto data type, for diagnostics.
 std::string onnxDataTypeName(int32_t dataType);
 
+/// A shape as diagnostics print it: `[2, 3]`.
+std::string shapeString(ArrayRef<int64_t> shape);
+
 } // namespace mlir::fastllm
 
 #endif // FASTLLM_FRONTEND_NODEIMPORTER_H

@@ -1,0 +1,320 @@
+//===- FoldedWeights.cpp - the identity and names of weights ----*- C++ -*-===//
+//
+// Exporters blur which initializer is which weight: PyTorch's exporter keeps
+// one initializer for parameters of equal value and names the others as
+// Identity outputs, and constant folding stores a transposed copy of a
+// weight under a generated name (`onnx::MatMul_N`). The importer restores
+// the model's parameters: an Identity copy becomes a parameter of its own
+// (splitParameter), a folded copy a view of its weight (tieFoldedCopies),
+// and a folded Linear weight gets its module's name and PyTorch's layout
+// back (nameFoldedWeights).
+//
+//===----------------------------------------------------------------------===//
+
+#include "frontend/GraphImporter.h"
+#include "ir/ModelDialect.h"
+
+#include "mlir/IR/DialectResourceBlobManager.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/JSON.h"
+
+#include <cstring>
+
+using namespace mlir;
+using namespace mlir::fastllm;
+
+/// The f32 elements of a parameter's initial value, when held as a blob.
+static ArrayRef<float> parameterFloats(model::ParameterOp p) {
+  auto res =
+      dyn_cast_or_null<DenseResourceElementsAttr>(p.getInitialValueAttr());
+  if (!res || !p.getTensorType().getElementType().isF32())
+    return {};
+  AsmResourceBlob *blob = res.getRawHandle().getBlob();
+  if (!blob)
+    return {};
+  ArrayRef<char> data = blob->getData();
+  return ArrayRef<float>(reinterpret_cast<const float *>(data.data()),
+                         data.size() / sizeof(float));
+}
+
+/// Constant folding (the exporter's default) replaces `x @ W.t()` by a
+/// folded initializer holding W transposed, under a generated name
+/// (`onnx::MatMul_N`): a tied embedding and head would silently train as
+/// two matrices. A 2-D float initializer under such a name whose values are
+/// exactly another initializer's, transposed or not, is read as a view of
+/// that parameter instead. Tensors whose elements are all equal are never
+/// tied this way (equal values say nothing about identity).
+void GraphImporter::tieFoldedCopies() {
+  SmallVector<model::ParameterOp> params(module.getOps<model::ParameterOp>());
+  for (model::ParameterOp copy : params) {
+    StringRef name = copy.getSymName();
+    RankedTensorType type = copy.getTensorType();
+    if (!name.starts_with("onnx::") || type.getRank() != 2)
+      continue;
+    ArrayRef<float> data = parameterFloats(copy);
+    if (data.empty() || llvm::all_equal(data))
+      continue;
+    int64_t rows = type.getDimSize(0), cols = type.getDimSize(1);
+    for (model::ParameterOp source : params) {
+      if (source == copy || source.getSymName().starts_with("onnx::") ||
+          source.getTensorType().getElementType() != type.getElementType())
+        continue;
+      ArrayRef<int64_t> shape = source.getTensorType().getShape();
+      ArrayRef<float> src = parameterFloats(source);
+      if (src.size() != data.size() || shape.size() != 2)
+        continue;
+      bool same = shape == type.getShape() &&
+                  std::memcmp(src.data(), data.data(),
+                              data.size() * sizeof(float)) == 0;
+      bool transposed = !same && shape[0] == cols && shape[1] == rows;
+      for (int64_t i = 0; transposed && i < rows; ++i)
+        for (int64_t j = 0; transposed && j < cols; ++j)
+          transposed = std::memcmp(&data[i * cols + j], &src[j * rows + i],
+                                   sizeof(float)) == 0;
+      if (!same && !transposed)
+        continue;
+      ImportedValue view;
+      view.type = type;
+      view.parameter = source.getSymName().str();
+      view.transposed = transposed;
+      values[name] = std::move(view);
+      SmallVector<Attribute> views;
+      if (auto old = source->getAttrOfType<ArrayAttr>("model.folded_views"))
+        views.append(old.begin(), old.end());
+      views.push_back(builder.getStringAttr(
+          (name + (transposed ? " = transpose" : " = copy")).str()));
+      source->setAttr("model.folded_views", builder.getArrayAttr(views));
+      copy.erase();
+      break;
+    }
+  }
+}
+
+/// The PyTorch module path in an exporter's node name: `/h.0/c_attn/MatMul`
+/// is node MatMul of module `h.0.c_attn`. Empty when the node is not inside
+/// a module (`/MatMul`) or the name has no such form.
+static std::string modulePath(StringRef nodeName) {
+  if (!nodeName.consume_front("/"))
+    return {};
+  size_t last = nodeName.rfind('/');
+  if (last == StringRef::npos || last == 0)
+    return {};
+  std::string path = nodeName.take_front(last).str();
+  for (char &c : path)
+    if (c == '/')
+      c = '.';
+  return path;
+}
+
+/// True when the components of `scope` appear in order in `path`, the last
+/// ones equal: the exporter's scopes skip modules that were not called
+/// (a ModuleDict, a submodule whose `forward` was called directly), so
+/// `h.0.attn.c_attn` is scope of module `transformer.h.0.attn.c_attn`.
+static bool scopeMatches(StringRef scope, StringRef path) {
+  SmallVector<StringRef> s, p;
+  scope.split(s, '.');
+  path.split(p, '.');
+  if (s.empty() || p.empty() || s.back() != p.back())
+    return false;
+  size_t j = 0;
+  for (StringRef part : p)
+    if (j < s.size() && part == s[j])
+      ++j;
+  return j == s.size();
+}
+
+/// Constant folding also replaces each `nn.Linear` weight of a 3-D matmul by
+/// its transpose under a generated name (`onnx::MatMul_N`): the PyTorch name
+/// and layout are gone from the file. Such a weight read only as the right
+/// operand of MatMul nodes of one module (`/h.0/c_attn/MatMul`) is named
+/// after that module (`h.0.c_attn.weight`) and stored in PyTorch's layout
+/// ([out, in], the transpose of what the graph reads), so weights files and
+/// checkpoints carry the names and shapes PyTorch's `load_state_dict`
+/// expects. The node's scope may skip modules; when exactly one module named
+/// elsewhere in the file (by a bias or a norm's initializer) fits it, that
+/// module's full path is used (`transformer.h.0.attn.c_attn.weight`). The
+/// bytes are transposed in place. A weight whose module cannot be told, or
+/// whose would-be name is taken, keeps the exporter's name.
+void GraphImporter::indexNames(const onnx::GraphProto &graph) {
+  for (const onnx::NodeProto &node : graph.node())
+    for (auto [i, in] : llvm::enumerate(node.input()))
+      if (StringRef(in).starts_with("onnx::"))
+        readers[in].push_back({&node, int(i)});
+  for (const onnx::TensorProto &t : graph.initializer())
+    takenNames.insert(t.name());
+  for (const onnx::NodeProto &node : graph.node())
+    for (const std::string &out : node.output())
+      takenNames.insert(out);
+  // Modules the file names in full: parents of PyTorch-named initializers
+  // and of the exporter's Identity copies.
+  auto addModule = [&](StringRef name) {
+    size_t dot = name.rfind('.');
+    if (!name.starts_with("onnx::") && !name.starts_with("/") &&
+        dot != StringRef::npos && dot > 0)
+      namedModules.insert(name.take_front(dot));
+  };
+  for (const onnx::TensorProto &t : graph.initializer())
+    addModule(t.name());
+  for (const onnx::NodeProto &node : graph.node())
+    if (node.op_type() == "Identity" && node.output_size() == 1)
+      addModule(node.output(0));
+}
+
+/// The module (scope path) whose MatMul nodes read exporter-named `value` as
+/// their weight, when all its readers but Identity copies are such nodes of
+/// one module; empty otherwise.
+std::string GraphImporter::matmulModule(StringRef value) const {
+  auto it = readers.find(value);
+  if (it == readers.end())
+    return {};
+  std::string path;
+  for (auto [node, index] : it->second) {
+    if (node->op_type() == "Identity")
+      continue;
+    std::string p = node->op_type() == "MatMul" && index == 1
+                        ? modulePath(node->name())
+                        : std::string();
+    if (p.empty() || (!path.empty() && p != path))
+      return {};
+    path = p;
+  }
+  return path;
+}
+
+/// `<module>.weight` for the module at scope `path` (its full path when
+/// exactly one module named in the file fits the scope), reserved; empty
+/// when that name is taken.
+std::string GraphImporter::claimWeightName(StringRef path) {
+  std::string full;
+  int fits = 0;
+  for (const auto &m : namedModules)
+    if (scopeMatches(path, m.getKey()) && ++fits == 1)
+      full = m.getKey().str();
+  std::string name = (fits == 1 ? full : path.str()) + ".weight";
+  // Node names are the file's: they must make a name weights files can hold.
+  if (takenNames.contains(name) || module.lookupSymbol(name) ||
+      !llvm::json::isUTF8(name))
+    return {};
+  takenNames.insert(name);
+  return name;
+}
+
+/// True when scope `copy` is another call of the module at scope `source`:
+/// the exporter scopes the k-th call of a module `c_attn` as `c_attn_k`
+/// (ALBERT's shared block: `/block/c_attn_1/MatMul`). A scope the file names
+/// as a module of its own (a bias under it) is not a call.
+static bool isCallOf(StringRef copy, StringRef source,
+                     const llvm::StringSet<> &namedModules) {
+  if (copy != source && namedModules.contains(copy))
+    return false;
+  SmallVector<StringRef> c, s;
+  copy.split(c, '.');
+  source.split(s, '.');
+  if (c.size() != s.size())
+    return false;
+  for (auto [a, b] : llvm::zip(c, s)) {
+    if (a == b)
+      continue;
+    StringRef suffix = a;
+    if (!suffix.consume_front(b) || !suffix.consume_front("_") ||
+        suffix.empty() || !llvm::all_of(suffix, llvm::isDigit))
+      return false;
+  }
+  return true;
+}
+
+/// See NodeImporter::splitParameter.
+bool GraphImporter::splitParameter(StringRef from, StringRef to) {
+  ImportedValue *source = lookup(from);
+  if (options.keepSharedInitializers || !source || source->parameter.empty() ||
+      values.count(to) || module.lookupSymbol(to) || !llvm::json::isUTF8(to) ||
+      to == "__metadata__")
+    return false;
+  auto original = module.lookupSymbol<model::ParameterOp>(source->parameter);
+  if (!original)
+    return false;
+  // An exporter-named copy read by another call of the module that reads
+  // the source (a shared block called by every layer) is that module's
+  // one weight: its folded copies were merged as equal values.
+  std::string copyModule;
+  if (to.starts_with("onnx::")) {
+    copyModule = matmulModule(to);
+    std::string sourceModule = matmulModule(from);
+    if (!copyModule.empty() && !sourceModule.empty() &&
+        isCallOf(copyModule, sourceModule, namedModules)) {
+      SmallVector<Attribute> calls;
+      if (auto old = original->getAttrOfType<ArrayAttr>("model.call_copies"))
+        calls.append(old.begin(), old.end());
+      calls.push_back(builder.getStringAttr(to));
+      original->setAttr("model.call_copies", builder.getArrayAttr(calls));
+      return false;
+    }
+  }
+  // A folded weight of another module: named after that module, stored
+  // like its source (PyTorch's layout when the source was renamed).
+  std::string name = to.str();
+  if (!copyModule.empty() && original->hasAttr("model.folded_from"))
+    if (std::string claimed = claimWeightName(copyModule); !claimed.empty())
+      name = claimed;
+  OpBuilder::InsertionGuard guard(builder);
+  builder.setInsertionPointAfter(original);
+  auto copy = builder.create<model::ParameterOp>(
+      NameLoc::get(builder.getStringAttr(name), fileLoc), name,
+      original.getTensorType(), original.getInitialValueAttr());
+  // The import summary lists each such decision.
+  copy->setAttr("model.copied_from",
+                builder.getStringAttr(original.getSymName()));
+  if (name != to)
+    copy->setAttr("model.folded_from", builder.getStringAttr(to));
+  ImportedValue v;
+  v.type = source->type;
+  v.parameter = name;
+  v.transposed = source->transposed;
+  values[to] = std::move(v);
+  return true;
+}
+
+void GraphImporter::nameFoldedWeights() {
+  SmallVector<model::ParameterOp> params(module.getOps<model::ParameterOp>());
+  for (model::ParameterOp param : params) {
+    StringRef old = param.getSymName();
+    RankedTensorType type = param.getTensorType();
+    auto res = dyn_cast_or_null<DenseResourceElementsAttr>(
+        param.getInitialValueAttr());
+    if (!old.starts_with("onnx::") || type.getRank() != 2 || !res ||
+        !res.getRawHandle().getBlob())
+      continue;
+    std::string path = matmulModule(old);
+    std::string name = path.empty() ? std::string() : claimWeightName(path);
+    if (name.empty())
+      continue;
+    // Transpose the bytes where they are (one scratch copy of this tensor).
+    int64_t rows = type.getDimSize(0), cols = type.getDimSize(1);
+    MutableArrayRef<char> bytes =
+        res.getRawHandle().getBlob()->getMutableData();
+    size_t width = byteWidth(type.getElementType());
+    std::vector<char> scratch(bytes.begin(), bytes.end());
+    // In 32x32 tiles: a row-by-row transpose of a 768x2304 matrix misses the
+    // cache on every element.
+    constexpr int64_t kTile = 32;
+    for (int64_t i0 = 0; i0 < rows; i0 += kTile)
+      for (int64_t j0 = 0; j0 < cols; j0 += kTile)
+        for (int64_t i = i0; i < std::min(rows, i0 + kTile); ++i)
+          for (int64_t j = j0; j < std::min(cols, j0 + kTile); ++j)
+            std::memcpy(&bytes[(j * rows + i) * width],
+                        &scratch[(i * cols + j) * width], width);
+    auto stored = RankedTensorType::get({cols, rows}, type.getElementType());
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointAfter(param);
+    auto renamed = builder.create<model::ParameterOp>(
+        NameLoc::get(builder.getStringAttr(name), fileLoc), name, stored,
+        DenseResourceElementsAttr::get(stored, res.getRawHandle()));
+    renamed->setAttr("model.folded_from", builder.getStringAttr(old));
+    ImportedValue view;
+    view.type = type;
+    view.parameter = name;
+    view.transposed = true;
+    values[old] = std::move(view);
+    param.erase();
+  }
+}

@@ -1,0 +1,151 @@
+//===- GraphImporter.h - the importer, shared by its files ------*- C++ -*-===//
+//
+// Private to frontend/. GraphImporter holds what the import of one model
+// knows: the ONNX values seen so far, the module being built and the names
+// the file uses. Its steps live in several files:
+//
+//   GraphImporter.cpp  versions, graph inputs, the walk over the nodes,
+//                      outputs and the checks of the finished function
+//   Initializers.cpp   initializers to parameters and constants, and which
+//                      parameters are trained
+//   FoldedWeights.cpp  the identity and names of weights an exporter folded
+//                      or copied
+//   ExternalData.cpp   initializer bytes stored next to the model
+//   TensorProtos.cpp   element types and TensorProto decoding
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_FRONTEND_GRAPHIMPORTER_H
+#define FASTLLM_FRONTEND_GRAPHIMPORTER_H
+
+#include "frontend/NodeImporter.h"
+#include "frontend/OnnxImporter.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mlir::fastllm {
+
+class GraphImporter {
+public:
+  GraphImporter(MLIRContext *context, StringRef name, StringRef modelDir,
+                OnnxImportOptions options)
+      : context(context), name(name.str()), modelDir(modelDir.str()),
+        options(std::move(options)), builder(context),
+        fileLoc(FileLineColLoc::get(context, name, 0, 0)) {}
+
+  OwningOpRef<ModuleOp> run(onnx::ModelProto &model);
+
+  InFlightDiagnostic fileError() { return mlir::emitError(fileLoc); }
+  ImportedValue *lookup(StringRef valueName) {
+    auto it = values.find(valueName);
+    return it == values.end() ? nullptr : &it->second;
+  }
+  Value materialize(ImportedValue &v);
+  bool isUsed(StringRef valueName) const { return used.contains(valueName); }
+  void define(StringRef valueName, ImportedValue v) {
+    values[valueName] = std::move(v);
+  }
+  /// See NodeImporter::splitParameter.
+  bool splitParameter(StringRef from, StringRef to);
+  /// Counts `elements` more folded host elements against the model's total
+  /// budget; false once the total passes it.
+  bool chargeFold(int64_t elements) {
+    foldedElements += elements;
+    return foldedElements <= kMaxTotalFoldElements;
+  }
+
+private:
+  // GraphImporter.cpp
+  LogicalResult checkVersions(const onnx::ModelProto &model);
+  LogicalResult bindTokenDims(const onnx::GraphProto &graph);
+  FailureOr<RankedTensorType> inputType(const onnx::ValueInfoProto &info);
+  LogicalResult
+  declareInputs(const onnx::GraphProto &graph,
+                SmallVectorImpl<const onnx::ValueInfoProto *> &args,
+                SmallVectorImpl<Type> &argTypes);
+  std::vector<bool> markLive(const onnx::GraphProto &graph);
+  func::FuncOp createForward(ArrayRef<const onnx::ValueInfoProto *> args,
+                             ArrayRef<Type> argTypes);
+  LogicalResult importNodes(const onnx::GraphProto &graph,
+                            const std::vector<bool> &live);
+  FailureOr<SmallVector<const onnx::NodeProto *>>
+  topologicalOrder(const onnx::GraphProto &graph);
+  LogicalResult importNode(const onnx::NodeProto &node, size_t index);
+  LogicalResult returnOutputs(const onnx::GraphProto &graph,
+                              func::FuncOp forward);
+  LogicalResult checkDeclaredType(const onnx::ValueInfoProto &info,
+                                  RankedTensorType actual,
+                                  const Twine &context);
+  LogicalResult dropUnreadParameters();
+  LogicalResult checkTensorSizes(func::FuncOp forward,
+                                 ArrayRef<const onnx::ValueInfoProto *> args);
+
+  // Initializers.cpp
+  LogicalResult importInitializers(onnx::GraphProto &graph);
+  LogicalResult decideTrainable(const onnx::ModelProto &model,
+                                func::FuncOp forward);
+
+  // FoldedWeights.cpp
+  void tieFoldedCopies();
+  void indexNames(const onnx::GraphProto &graph);
+  std::string matmulModule(StringRef value) const;
+  std::string claimWeightName(StringRef modulePath);
+  void nameFoldedWeights();
+
+  // ExternalData.cpp
+  FailureOr<std::unique_ptr<std::string>>
+  readExternalData(const onnx::TensorProto &tensor, size_t expectedBytes);
+
+  MLIRContext *context;
+  std::string name, modelDir;
+  OnnxImportOptions options;
+  OpBuilder builder;
+  Location fileLoc;
+  int64_t opset = 0;
+  ModuleOp module;
+  llvm::StringMap<ImportedValue> values;
+  llvm::StringSet<> used;
+  llvm::StringMap<const onnx::ValueInfoProto *> declared;
+  int64_t foldedElements = 0;
+  // See indexNames: the readers of exporter-named values, the names the file
+  // uses, and the modules it names in full.
+  llvm::StringMap<SmallVector<std::pair<const onnx::NodeProto *, int>>> readers;
+  llvm::StringSet<> takenNames, namedModules;
+};
+
+//===----------------------------------------------------------------------===//
+// Helpers the importer's files share
+//===----------------------------------------------------------------------===//
+
+/// Bytes per element in raw_data (bool is one byte).
+size_t byteWidth(Type type);
+
+/// Opens `path` for reading when it is a regular file. FIFOs, devices and
+/// directories are refused without blocking (O_NONBLOCK until fstat says what
+/// the file is). Returns the descriptor and sets `size`, or -1 and `error`.
+int openRegularFile(const std::string &path, uint64_t &size,
+                    std::string &error);
+
+/// The type of a TensorProto, checking its element type and dims.
+FailureOr<RankedTensorType>
+tensorProtoType(const onnx::TensorProto &tensor, MLIRContext *context,
+                llvm::function_ref<InFlightDiagnostic()> error);
+
+/// A copy of the data a TensorProto holds in raw_data or its typed fields.
+FailureOr<std::unique_ptr<std::string>>
+tensorProtoBytes(const onnx::TensorProto &tensor, RankedTensorType type,
+                 llvm::function_ref<InFlightDiagnostic()> error);
+
+/// The host tensor of `type` whose little-endian elements are `bytes`.
+HostTensor decodeHost(RankedTensorType type, const std::string &bytes);
+
+} // namespace mlir::fastllm
+
+#endif // FASTLLM_FRONTEND_GRAPHIMPORTER_H

@@ -1,0 +1,231 @@
+//===- Initializers.cpp - initializers to parameters ------------*- C++ -*-===//
+//
+// Float initializers become model.parameter symbols whose bytes are moved
+// (not copied) out of the protobuf into a resource blob; the others become
+// host tensors, folded like any constant. Once the graph is imported, each
+// parameter is trained or frozen (decideTrainable).
+//
+//===----------------------------------------------------------------------===//
+
+#include "frontend/GraphImporter.h"
+#include "ir/ModelDialect.h"
+
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/DialectResourceBlobManager.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/JSON.h"
+
+#include <cmath>
+#include <cstring>
+
+using namespace mlir;
+using namespace mlir::fastllm;
+
+LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
+  if (graph.sparse_initializer_size())
+    return fileError() << "sparse initializers are not supported ('"
+                       << graph.sparse_initializer(0).values().name() << "')";
+  for (onnx::TensorProto &tensor : *graph.mutable_initializer()) {
+    const std::string &tname = tensor.name();
+    if (tname.empty())
+      return fileError() << "an initializer has no name";
+    // Names travel into JSON (plan.json, safetensors headers) and must come
+    // back byte for byte.
+    if (tname == "__metadata__")
+      return fileError() << "initializer name '__metadata__' is reserved (the "
+                            "weights file's metadata entry)";
+    if (!llvm::json::isUTF8(tname))
+      return fileError() << "initializer name '" << llvm::json::fixUTF8(tname)
+                         << "' is not valid UTF-8";
+    if (values.count(tname))
+      return fileError() << "initializer '" << tname << "' is defined twice";
+    auto error = [&]() {
+      return fileError() << "initializer '" << tname << "' ";
+    };
+    auto type = tensorProtoType(tensor, context, error);
+    if (failed(type))
+      return failure();
+    Type elementType = type->getElementType();
+    size_t width = byteWidth(elementType);
+    size_t expected = type->getNumElements() * width;
+
+    // The bytes: external data, raw_data moved out of the proto, or a copy of
+    // the typed fields (small tensors only, in practice).
+    std::unique_ptr<std::string> bytes;
+    if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
+      auto ext = readExternalData(tensor, expected);
+      if (failed(ext))
+        return failure();
+      bytes = std::move(*ext);
+    } else if (tensor.has_raw_data() && tensor.raw_data().size() == expected) {
+      bytes.reset(tensor.release_raw_data());
+    } else {
+      auto copied = tensorProtoBytes(tensor, *type, error);
+      if (failed(copied))
+        return failure();
+      bytes = std::move(*copied);
+    }
+
+    ImportedValue value;
+    value.type = *type;
+    if (isa<FloatType>(elementType)) {
+      // A weight: its bytes become the parameter's resource blob, held once.
+      ArrayRef<char> data(bytes->data(), bytes->size());
+      std::string *owned = bytes.release();
+      AsmResourceBlob blob(
+          data, width, [owned](void *, size_t, size_t) { delete owned; },
+          /*dataIsMutable=*/true); // nameFoldedWeights transposes in place
+      // Resource keys must be bare identifiers; the symbol keeps the real
+      // name and the blob manager makes the key unique.
+      std::string key = tname;
+      for (char &c : key)
+        if (!llvm::isAlnum(c) && c != '_' && c != '.' && c != '-' && c != '$')
+          c = '_';
+      if (key.empty() || llvm::isDigit(key[0]))
+        key = "w_" + key;
+      auto attr = DenseResourceElementsAttr::get(*type, key, std::move(blob));
+      OpBuilder::InsertionGuard guard(builder);
+      builder.setInsertionPointToEnd(module.getBody());
+      builder.create<model::ParameterOp>(
+          NameLoc::get(builder.getStringAttr(tname), fileLoc), tname, *type,
+          attr);
+      value.parameter = tname;
+    } else {
+      value.host = std::make_shared<HostTensor>(decodeHost(*type, *bytes));
+    }
+    values[tname] = std::move(value);
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Trained or frozen
+//===----------------------------------------------------------------------===//
+
+/// True when the parameter's initial value holds an infinity or a NaN (an
+/// additive `-inf` attention mask, say): such a tensor is not a weight.
+static bool holdsNonFinite(model::ParameterOp p) {
+  auto res =
+      dyn_cast_or_null<DenseResourceElementsAttr>(p.getInitialValueAttr());
+  AsmResourceBlob *blob = res ? res.getRawHandle().getBlob() : nullptr;
+  if (!blob)
+    return false;
+  ArrayRef<char> data = blob->getData();
+  Type t = p.getTensorType().getElementType();
+  auto all16 = [&](uint16_t exponent) {
+    for (size_t i = 0; i + 1 < data.size(); i += 2) {
+      uint16_t bits;
+      std::memcpy(&bits, &data[i], 2);
+      if ((bits & exponent) == exponent)
+        return true;
+    }
+    return false;
+  };
+  if (t.isF32()) {
+    for (size_t i = 0; i + 3 < data.size(); i += 4) {
+      float v;
+      std::memcpy(&v, &data[i], 4);
+      if (!std::isfinite(v))
+        return true;
+    }
+    return false;
+  }
+  if (t.isF64()) {
+    for (size_t i = 0; i + 7 < data.size(); i += 8) {
+      double v;
+      std::memcpy(&v, &data[i], 8);
+      if (!std::isfinite(v))
+        return true;
+    }
+    return false;
+  }
+  if (t.isF16())
+    return all16(0x7C00);
+  if (t.isBF16())
+    return all16(0x7F80);
+  return false;
+}
+
+/// Which float initializers are trained. PyTorch trains what
+/// `model.parameters()` lists and leaves buffers (masks, rotary tables, running
+/// statistics) alone, but the ONNX file stores both as initializers. The
+/// export helper (tools/fastllm_export.py) records the parameter names in the
+/// model's metadata; a name it lists as frozen is frozen, and any other
+/// initializer under a PyTorch name is a buffer. Whatever the exporter, an
+/// initializer is trained only if the loss depends on it differentiably (not
+/// only through comparisons, casts to integers or indices: PyTorch leaves
+/// such a parameter's gradient None and AdamW skips it, weight decay
+/// included) and it holds no infinity or NaN. Each constant keeps its reason
+/// (`model.constant_reason`) for the import summary; `--train` and
+/// `--freeze` override these decisions later.
+LogicalResult GraphImporter::decideTrainable(const onnx::ModelProto &model,
+                                             func::FuncOp forward) {
+  std::optional<llvm::StringSet<>> trainable;
+  llvm::StringSet<> frozen;
+  for (const onnx::StringStringEntryProto &kv : model.metadata_props()) {
+    bool isTrainable = kv.key() == kTrainableParametersKey;
+    if (!isTrainable && kv.key() != kFrozenParametersKey)
+      continue;
+    llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(kv.value());
+    const llvm::json::Array *names = parsed ? parsed->getAsArray() : nullptr;
+    if (!parsed)
+      llvm::consumeError(parsed.takeError());
+    llvm::StringSet<> &into = isTrainable ? trainable.emplace() : frozen;
+    bool ok = names != nullptr;
+    for (size_t i = 0; ok && i < names->size(); ++i)
+      if (auto name = (*names)[i].getAsString())
+        into.insert(*name);
+      else
+        ok = false;
+    if (!ok)
+      return fileError() << "metadata '" << kv.key()
+                         << "' must be a JSON array of parameter names";
+  }
+
+  // Values the loss depends on differentiably: walk back from the return
+  // through float operands of ops with a float result.
+  auto isFloat = [](Value v) {
+    auto t = dyn_cast<RankedTensorType>(v.getType());
+    return t && isa<FloatType>(t.getElementType());
+  };
+  llvm::DenseSet<Value> needed;
+  Block &body = forward.getBody().front();
+  for (Value v : body.getTerminator()->getOperands())
+    if (isFloat(v))
+      needed.insert(v);
+  llvm::StringSet<> reached;
+  for (Operation &op : llvm::reverse(body.without_terminator())) {
+    if (!llvm::any_of(op.getResults(),
+                      [&](Value r) { return needed.contains(r); }))
+      continue;
+    if (auto get = dyn_cast<model::GetParameterOp>(op))
+      reached.insert(get.getName());
+    for (Value v : op.getOperands())
+      if (isFloat(v))
+        needed.insert(v);
+  }
+
+  for (auto param : module.getOps<model::ParameterOp>()) {
+    StringRef name = param.getSymName();
+    std::string reason;
+    // The list cannot name what the exporter named (a folded weight, renamed
+    // after its module or not): those are judged as without a list.
+    bool exporterNamed =
+        name.starts_with("onnx::") || param->hasAttr("model.folded_from");
+    if (frozen.contains(name))
+      reason = "frozen in PyTorch (requires_grad=False)";
+    else if (trainable && !trainable->contains(name) && !exporterNamed)
+      reason = "a buffer: not among the model's parameters in the exporter's "
+               "list";
+    else if (!reached.contains(name))
+      reason = "the loss does not depend on it differentiably (only through "
+               "comparisons, casts to integers or indices)";
+    else if (holdsNonFinite(param))
+      reason = "holds infinities or NaNs";
+    if (reason.empty())
+      continue;
+    param.setFrozen(true);
+    param->setAttr("model.constant_reason", builder.getStringAttr(reason));
+  }
+  return success();
+}
