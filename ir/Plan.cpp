@@ -5,112 +5,239 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/DialectImplementation.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
 using namespace mlir::fastllm;
 
 #include "ir/PlanDialect.cpp.inc"
 
-void plan::PlanDialect::initialize() {}
+#define GET_ATTRDEF_CLASSES
+#include "ir/PlanAttrs.cpp.inc"
+
+void plan::PlanDialect::initialize() {
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "ir/PlanAttrs.cpp.inc"
+      >();
+}
 
 int64_t mlir::fastllm::elementBytes(Type type) {
   return type.isInteger(1) ? 1 : (type.getIntOrFloatBitWidth() + 7) / 8;
 }
 
 //===----------------------------------------------------------------------===//
-// MemoryPlan <-> plan.memory
+// MemoryPlan <-> the plan.* attributes of the module
 //===----------------------------------------------------------------------===//
 
 namespace {
-/// The plan's scalars by key: runtime/PlanFields.def, then the compiler's.
-template <typename Plan, typename Fn> void forEachField(Plan &p, Fn fn) {
-#define FASTLLM_PLAN_FIELD(type, name, key, none, doc) fn(#key, p.name);
+/// The scalars of `part` by key: runtime/PlanFields.def's, then the
+/// compiler's.
+template <typename Plan, typename Fn>
+void forEachField(Plan &p, PlanPart part, Fn fn) {
+#define FASTLLM_PLAN_FIELD(type, name, key, none, fieldPart, doc)              \
+  if (part == PlanPart::fieldPart)                                             \
+    fn(#key, p.name);
 #include "runtime/PlanFields.def"
-  fn("tokens_arg", p.tokensArg);
-  fn("targets_arg", p.targetsArg);
+  if (part == PlanPart::Arena) {
+    fn("tokens_arg", p.tokensArg);
+    fn("targets_arg", p.targetsArg);
+  }
 }
-template <typename Plan, typename Fn> void forEachArray(Plan &p, Fn fn) {
-  fn("stage_offsets", p.stageOffsets);
-  fn("stage_elements", p.stageElements);
-  fn("stage_grad_slot", p.stageGradSlot);
-  fn("stage_weight_slot", p.stageWeightSlot);
-  fn("stage_tie_slot", p.stageTieSlot);
-  fn("grad_slot_elements", p.gradSlotElements);
-  fn("grad_slot_offsets", p.gradSlotOffsets);
-  fn("weight_slot_elements", p.weightSlotElements);
-  fn("weight_slot_offsets", p.weightSlotOffsets);
+/// The tables of `part` by key.
+template <typename Plan, typename Fn>
+void forEachArray(Plan &p, PlanPart part, Fn fn) {
+  if (part == PlanPart::Layout) {
+    fn("stage_offsets", p.stageOffsets);
+    fn("stage_elements", p.stageElements);
+    fn("stage_grad_slot", p.stageGradSlot);
+    fn("stage_weight_slot", p.stageWeightSlot);
+    fn("stage_tie_slot", p.stageTieSlot);
+    fn("grad_slot_elements", p.gradSlotElements);
+    fn("weight_slot_elements", p.weightSlotElements);
+  }
+  if (part == PlanPart::Arena) {
+    fn("grad_slot_offsets", p.gradSlotOffsets);
+    fn("weight_slot_offsets", p.weightSlotOffsets);
+  }
 }
+constexpr PlanPart kParts[] = {PlanPart::Layout, PlanPart::Arena,
+                               PlanPart::Traffic, PlanPart::Data};
 } // namespace
 
-DictionaryAttr MemoryPlan::toAttr(MLIRContext *context) const {
-  Builder b(context);
-  SmallVector<NamedAttribute> attrs;
-  forEachField(*this, [&](StringRef name, int64_t value) {
-    attrs.push_back(b.getNamedAttr(name, b.getI64IntegerAttr(value)));
-  });
-  forEachArray(*this, [&](StringRef name, ArrayRef<int64_t> values) {
-    attrs.push_back(b.getNamedAttr(name, b.getDenseI64ArrayAttr(values)));
-  });
-  return b.getDictionaryAttr(attrs);
+StringRef mlir::fastllm::planPartAttrName(PlanPart part) {
+  switch (part) {
+  case PlanPart::Layout:
+    return "plan.layout";
+  case PlanPart::Arena:
+    return "plan.arena";
+  case PlanPart::Traffic:
+    return "plan.traffic";
+  case PlanPart::Data:
+    return "plan.data";
+  }
+  llvm_unreachable("a plan part");
 }
 
-FailureOr<MemoryPlan> MemoryPlan::fromAttr(DictionaryAttr attr,
-                                           std::string *error) {
-  MemoryPlan plan;
+StringRef mlir::fastllm::planPartPass(PlanPart part) {
+  switch (part) {
+  case PlanPart::Layout:
+    return "fastllm-zero-layout";
+  case PlanPart::Arena:
+    return "fastllm-plan-memory";
+  case PlanPart::Traffic:
+    return "fastllm-count-traffic";
+  case PlanPart::Data:
+    return "fastllm-prepare-emission";
+  }
+  llvm_unreachable("a plan part");
+}
+
+LogicalResult
+mlir::fastllm::verifyPlanPart(PlanPart part, DictionaryAttr fields,
+                              function_ref<InFlightDiagnostic()> emitError) {
   std::string why;
   llvm::StringSet<> known;
   auto fail = [&](const Twine &what) {
     if (why.empty())
       why = what.str();
   };
-  forEachField(plan, [&](StringRef name, int64_t &value) {
+  MemoryPlan shape;
+  forEachField(shape, part, [&](StringRef name, int64_t &) {
     known.insert(name);
-    auto v = attr.getAs<IntegerAttr>(name);
-    if (!v)
-      return fail("no integer '" + name + "'");
-    value = v.getInt();
+    auto v = fields.getAs<IntegerAttr>(name);
+    if (!v || !v.getType().isSignlessInteger(64))
+      fail("no i64 '" + name + "'");
   });
-  forEachArray(plan, [&](StringRef name, SmallVector<int64_t> &values) {
+  forEachArray(shape, part, [&](StringRef name, SmallVector<int64_t> &) {
     known.insert(name);
-    auto v = attr.getAs<DenseI64ArrayAttr>(name);
-    if (!v)
-      return fail("no i64 array '" + name + "'");
-    values.assign(v.asArrayRef().begin(), v.asArrayRef().end());
+    if (!fields.getAs<DenseI64ArrayAttr>(name))
+      fail("no i64 array '" + name + "'");
   });
-  for (NamedAttribute a : attr)
+  for (NamedAttribute a : fields)
     if (!known.contains(a.getName().getValue()))
       fail("unknown field '" + a.getName().getValue() + "'");
-  int64_t stages = plan.stageOffsets.size();
-  for (auto *perStage : {&plan.stageElements, &plan.stageGradSlot,
-                         &plan.stageWeightSlot, &plan.stageTieSlot})
-    if (int64_t(perStage->size()) != stages)
-      fail("the stage_* arrays differ in length");
-  if (plan.gradSlotOffsets.size() != plan.gradSlotElements.size() ||
-      plan.weightSlotOffsets.size() != plan.weightSlotElements.size())
-    fail("a slot table's offsets and elements differ in length");
-  if (!why.empty()) {
-    if (error)
-      *error = why;
-    return failure();
+  if (why.empty() && part == PlanPart::Layout) {
+    int64_t stages = fields.getAs<DenseI64ArrayAttr>("stage_offsets").size();
+    for (StringRef perStage : {"stage_elements", "stage_grad_slot",
+                               "stage_weight_slot", "stage_tie_slot"})
+      if (fields.getAs<DenseI64ArrayAttr>(perStage).size() != stages)
+        fail("the stage_* arrays differ in length");
+  }
+  if (why.empty())
+    return success();
+  return emitError() << "'" << planPartAttrName(part) << "' is not a plan "
+                     << planPartAttrName(part).drop_front(5) << ": " << why;
+}
+
+#define DEFINE_PLAN_PART_VERIFY(Attr)                                          \
+  LogicalResult plan::Attr::verify(                                            \
+      function_ref<InFlightDiagnostic()> emitError, DictionaryAttr fields) {   \
+    return verifyPlanPart(kPart, fields, emitError);                           \
+  }
+DEFINE_PLAN_PART_VERIFY(LayoutAttr)
+DEFINE_PLAN_PART_VERIFY(ArenaAttr)
+DEFINE_PLAN_PART_VERIFY(TrafficAttr)
+DEFINE_PLAN_PART_VERIFY(DataAttr)
+#undef DEFINE_PLAN_PART_VERIFY
+
+DictionaryAttr MemoryPlan::partFields(PlanPart part,
+                                      MLIRContext *context) const {
+  Builder b(context);
+  SmallVector<NamedAttribute> attrs;
+  forEachField(*this, part, [&](StringRef name, int64_t value) {
+    attrs.push_back(b.getNamedAttr(name, b.getI64IntegerAttr(value)));
+  });
+  forEachArray(*this, part, [&](StringRef name, ArrayRef<int64_t> values) {
+    attrs.push_back(b.getNamedAttr(name, b.getDenseI64ArrayAttr(values)));
+  });
+  return b.getDictionaryAttr(attrs);
+}
+
+void MemoryPlan::readPart(PlanPart part, DictionaryAttr fields) {
+  forEachField(*this, part, [&](StringRef name, int64_t &value) {
+    value = fields.getAs<IntegerAttr>(name).getInt();
+  });
+  forEachArray(*this, part, [&](StringRef name, SmallVector<int64_t> &values) {
+    ArrayRef<int64_t> v = fields.getAs<DenseI64ArrayAttr>(name).asArrayRef();
+    values.assign(v.begin(), v.end());
+  });
+}
+
+/// The fields of the typed attribute of `part` on `module`, if it is there.
+static DictionaryAttr partAttrFields(ModuleOp module, PlanPart part) {
+  Attribute attr = module->getAttr(planPartAttrName(part));
+  switch (part) {
+  case PlanPart::Layout:
+    if (auto a = dyn_cast_or_null<plan::LayoutAttr>(attr))
+      return a.getFields();
+    break;
+  case PlanPart::Arena:
+    if (auto a = dyn_cast_or_null<plan::ArenaAttr>(attr))
+      return a.getFields();
+    break;
+  case PlanPart::Traffic:
+    if (auto a = dyn_cast_or_null<plan::TrafficAttr>(attr))
+      return a.getFields();
+    break;
+  case PlanPart::Data:
+    if (auto a = dyn_cast_or_null<plan::DataAttr>(attr))
+      return a.getFields();
+    break;
+  }
+  return nullptr;
+}
+
+std::optional<MemoryPlan> MemoryPlan::get(ModuleOp module, PlanParts parts) {
+  MemoryPlan plan;
+  for (PlanPart part : kParts) {
+    if (!(parts & PlanParts(part)))
+      continue;
+    DictionaryAttr fields = partAttrFields(module, part);
+    if (!fields) {
+      module.emitError("the module has no ")
+          << planPartAttrName(part) << "; run " << planPartPass(part);
+      return std::nullopt;
+    }
+    plan.readPart(part, fields);
+  }
+  // The slot tables are split between the layout (sizes) and the arena
+  // (offsets).
+  if ((parts & PlanParts(PlanPart::Layout)) &&
+      (parts & PlanParts(PlanPart::Arena)) &&
+      (plan.gradSlotOffsets.size() != plan.gradSlotElements.size() ||
+       plan.weightSlotOffsets.size() != plan.weightSlotElements.size())) {
+    module.emitError("the plan's arena places ")
+        << plan.gradSlotOffsets.size() << " gradient and "
+        << plan.weightSlotOffsets.size() << " weight slots, its layout sizes "
+        << plan.gradSlotElements.size() << " and "
+        << plan.weightSlotElements.size();
+    return std::nullopt;
   }
   return plan;
 }
 
-std::optional<MemoryPlan> MemoryPlan::get(ModuleOp module, StringRef pass) {
-  auto attr = module->getAttrOfType<DictionaryAttr>(kMemoryPlanAttr);
-  FailureOr<MemoryPlan> plan = failure();
-  if (attr)
-    plan = fromAttr(attr);
-  if (failed(plan)) {
-    module.emitError("the module has no (complete) memory plan; run ") << pass;
-    return std::nullopt;
+void MemoryPlan::set(ModuleOp module, PlanPart part) const {
+  MLIRContext *context = module.getContext();
+  DictionaryAttr fields = partFields(part, context);
+  Attribute attr;
+  switch (part) {
+  case PlanPart::Layout:
+    attr = plan::LayoutAttr::get(context, fields);
+    break;
+  case PlanPart::Arena:
+    attr = plan::ArenaAttr::get(context, fields);
+    break;
+  case PlanPart::Traffic:
+    attr = plan::TrafficAttr::get(context, fields);
+    break;
+  case PlanPart::Data:
+    attr = plan::DataAttr::get(context, fields);
+    break;
   }
-  return *plan;
-}
-
-void MemoryPlan::set(ModuleOp module) const {
-  module->setAttr(kMemoryPlanAttr, toAttr(module.getContext()));
+  module->setAttr(planPartAttrName(part), attr);
 }
 
 //===----------------------------------------------------------------------===//
@@ -135,15 +262,14 @@ LogicalResult plan::PlanDialect::verifyOperationAttribute(Operation *op,
       return op->emitOpError("'") << name << "' belongs on a model.parameter";
     return success();
   };
-  if (name == kMemoryPlanAttr) {
+  for (PlanPart part : kParts) {
+    if (name != planPartAttrName(part))
+      continue;
     if (!isa<ModuleOp>(op))
       return op->emitOpError("'") << name << "' belongs on the module";
-    auto dict = dyn_cast<DictionaryAttr>(value);
-    if (!dict)
-      return op->emitOpError("'") << name << "' must be a dictionary";
-    std::string error;
-    if (failed(MemoryPlan::fromAttr(dict, &error)))
-      return op->emitOpError("'") << name << "' is not a plan: " << error;
+    if (!partAttrFields(cast<ModuleOp>(op), part))
+      return op->emitOpError("'")
+             << name << "' must be a #" << name << " attribute";
     return success();
   }
   if (name == kParamOffsetAttr)

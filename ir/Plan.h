@@ -3,7 +3,12 @@
 // The plan dialect (PlanDialect.td) and the compiler's view of the plan. The
 // passes record their decisions as `plan.*` attributes so that every later
 // step (the report, the emitter) reads one source of truth:
-//   module               plan.memory      MemoryPlan below
+//   module               plan.layout      #plan.layout: fastllm-zero-layout's
+//                        plan.arena       #plan.arena: fastllm-plan-memory's
+//                        plan.traffic     #plan.traffic:
+//                        fastllm-count-traffic's plan.data        #plan.data:
+//                        fastllm-prepare-emission's
+//                                         (together: MemoryPlan below)
 //   model.parameter      plan.offset      element offset in the flat arrays
 //                        plan.weight_decay  whether AdamW decays it
 //   model.get_parameter  plan.slot        ZeRO-3: the weight slot it reads
@@ -25,9 +30,33 @@
 
 namespace mlir::fastllm {
 
+/// The parts of the module's plan, one typed attribute each, named after
+/// what the pass that sets it decides (runtime/PlanFields.def gives each
+/// field's part).
+enum class PlanPart : unsigned { Layout = 1, Arena = 2, Traffic = 4, Data = 8 };
+/// A set of parts, for MemoryPlan::get.
+using PlanParts = unsigned;
+constexpr PlanParts kAllPlanParts = 15;
+constexpr PlanParts operator|(PlanPart a, PlanPart b) {
+  return PlanParts(a) | PlanParts(b);
+}
+/// The module attribute that holds `part` ("plan.layout", ...).
+StringRef planPartAttrName(PlanPart part);
+/// The pass that sets `part`.
+StringRef planPartPass(PlanPart part);
+/// Checks that `fields` are exactly the fields of `part`, with their types.
+LogicalResult verifyPlanPart(PlanPart part, DictionaryAttr fields,
+                             function_ref<InFlightDiagnostic()> emitError);
+
+} // namespace mlir::fastllm
+
+#define GET_ATTRDEF_CLASSES
+#include "ir/PlanAttrs.h.inc"
+
+namespace mlir::fastllm {
+
 constexpr llvm::StringLiteral kParamOffsetAttr = "plan.offset";
 constexpr llvm::StringLiteral kResultOffsetsAttr = "plan.offsets";
-constexpr llvm::StringLiteral kMemoryPlanAttr = "plan.memory";
 constexpr llvm::StringLiteral kGradOffsetAttr = "plan.grad_offset";
 constexpr llvm::StringLiteral kSlotAttr = "plan.slot";
 constexpr llvm::StringLiteral kWeightDecayAttr = "plan.weight_decay";
@@ -36,11 +65,12 @@ constexpr llvm::StringLiteral kWeightDecayAttr = "plan.weight_decay";
 /// are the fields of runtime/PlanFields.def (the runtime's PlanInfo has the
 /// same members, and the emitter copies them by name), each held as an
 /// int64_t; the tables and the step's input roles are the compiler's.
-/// fastllm-zero-layout fills in the parameter layout and the slots,
-/// fastllm-verify-collectives the traffic, fastllm-plan-memory the regions
-/// and the inputs, fastllm-prepare-emission the data's sizes.
+/// Each part is recorded by the pass that decides it (PlanPart): the
+/// parameter layout and the slots' sizes, the arena, the traffic, the data's
+/// sizes.
 struct MemoryPlan {
-#define FASTLLM_PLAN_FIELD(type, name, key, none, doc) int64_t name = none;
+#define FASTLLM_PLAN_FIELD(type, name, key, none, part, doc)                   \
+  int64_t name = none;
 #include "runtime/PlanFields.def"
   int64_t tokensArg = 0, targetsArg = 0; ///< @train_step argument numbers
   /// Each stage's slice of the flat layout (elements), padded to dp * 32, and
@@ -54,16 +84,18 @@ struct MemoryPlan {
 
   int64_t numStages() const { return stageOffsets.size(); }
 
-  DictionaryAttr toAttr(MLIRContext *context) const;
-  /// The plan `attr` holds, or failure with `error` saying what is missing,
-  /// unknown or inconsistent.
-  static FailureOr<MemoryPlan> fromAttr(DictionaryAttr attr,
-                                        std::string *error = nullptr);
-  /// The plan recorded on `module`, or nullopt with an error on it naming
-  /// `pass`, the pass that records it.
+  /// The fields of `part`, as its attribute holds them.
+  DictionaryAttr partFields(PlanPart part, MLIRContext *context) const;
+  /// Reads the fields of `part` from `fields` (which verifyPlanPart
+  /// accepted).
+  void readPart(PlanPart part, DictionaryAttr fields);
+  /// The plan recorded on `module`. Every part in `parts` must be there (an
+  /// error on the module names the pass that sets a missing one) and the
+  /// parts must agree with each other; the other parts keep their defaults.
   static std::optional<MemoryPlan> get(ModuleOp module,
-                                       StringRef pass = "fastllm-plan-memory");
-  void set(ModuleOp module) const;
+                                       PlanParts parts = kAllPlanParts);
+  /// Records `part` on `module`.
+  void set(ModuleOp module, PlanPart part) const;
 };
 
 /// Bytes one element of `type` takes in memory (i1 takes a byte).

@@ -10,6 +10,7 @@
 #ifndef FASTLLM_PLAN_DIALECT
 #define FASTLLM_PLAN_DIALECT
 
+include "mlir/IR/AttrTypeBase.td"
 include "mlir/IR/DialectBase.td"
 
 def Plan_Dialect : Dialect {
@@ -17,15 +18,26 @@ def Plan_Dialect : Dialect {
   let cppNamespace = "::mlir::fastllm::plan";
   let summary = "The training program's plan: layout, arena, traffic";
   let description = [{
-    Discardable attributes only; no ops. Each attribute below is set by the
-    pass that decides it and read by the later passes and the emitter:
+    Attributes only; no ops. Each is set by the pass that decides it and
+    read by the later passes and the emitter. On the module, one typed
+    attribute per part of the plan (the scalars of runtime/PlanFields.def
+    with that part, and the part's tables):
 
-    - `plan.memory` on the module: the plan's scalars (one per line of
-      runtime/PlanFields.def, plus `tokens_arg` and `targets_arg`) and its
-      tables (`stage_*`, `grad_slot_*`, `weight_slot_*`), a dictionary that
-      fastllm-zero-layout creates, fastllm-verify-collectives completes with
-      the traffic, fastllm-plan-memory with the arena and
-      fastllm-prepare-emission with the sizes of the data.
+    - `plan.layout = #plan.layout<{...}>` (fastllm-zero-layout): data
+      parallelism, ZeRO stage, the flat layout's length, alignment, the
+      stages (`stage_offsets`, `stage_elements`, `stage_grad_slot`,
+      `stage_weight_slot`, `stage_tie_slot`) and the slots' sizes
+      (`grad_slot_elements`, `weight_slot_elements`).
+    - `plan.arena = #plan.arena<{...}>` (fastllm-plan-memory): the arena's
+      size, every region's offset, the slots' offsets and which arguments
+      of `@train_step` are the tokens and the targets.
+    - `plan.traffic = #plan.traffic<{...}>` (fastllm-count-traffic): the
+      bytes one rank's collectives move.
+    - `plan.data = #plan.data<{...}>` (fastllm-prepare-emission): batch,
+      sequence length and vocabulary.
+
+    On ops:
+
     - `plan.offset` on `model.parameter`: its element offset in the flat
       arrays (or in the frozen array).
     - `plan.weight_decay` on `model.parameter`: whether AdamW decays it.
@@ -41,6 +53,32 @@ def Plan_Dialect : Dialect {
     ```
   }];
   let hasOperationAttrVerify = 1;
+  let useDefaultAttributePrinterParser = 1;
 }
+
+// One part of the module's plan: its fields as a dictionary whose keys and
+// types the attribute verifies (every field of the part, nothing else).
+class Plan_PartAttr<string name, string attrMnemonic, string part>
+    : AttrDef<Plan_Dialect, name> {
+  let mnemonic = attrMnemonic;
+  let summary = "The plan's " # part;
+  let parameters = (ins "DictionaryAttr":$fields);
+  let assemblyFormat = "`<` $fields `>`";
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// The plan part this attribute holds.
+    static constexpr ::mlir::fastllm::PlanPart kPart =
+        ::mlir::fastllm::PlanPart::}] # name # [{;
+  }];
+}
+
+def Plan_LayoutAttr : Plan_PartAttr<"Layout", "layout",
+    "parameter layout: ZeRO, stages and slot sizes (fastllm-zero-layout)">;
+def Plan_ArenaAttr : Plan_PartAttr<"Arena", "arena",
+    "arena: regions, slot offsets, input roles (fastllm-plan-memory)">;
+def Plan_TrafficAttr : Plan_PartAttr<"Traffic", "traffic",
+    "collective traffic per rank (fastllm-count-traffic)">;
+def Plan_DataAttr : Plan_PartAttr<"Data", "data",
+    "data sizes: batch, sequence, vocabulary (fastllm-prepare-emission)">;
 
 #endif // FASTLLM_PLAN_DIALECT

@@ -31,7 +31,7 @@ struct CountTrafficPass
 void CountTrafficPass::runOnOperation() {
   ModuleOp module = getOperation();
   std::optional<MemoryPlan> plan =
-      MemoryPlan::get(module, "fastllm-zero-layout");
+      MemoryPlan::get(module, PlanParts(PlanPart::Layout));
   if (!plan)
     return signalPassFailure();
   auto step = module.lookupSymbol<func::FuncOp>("train_step");
@@ -69,5 +69,5 @@ void CountTrafficPass::runOnOperation() {
   plan->allGatherBytesPerMicroBatch = moves ? gatherBytes : 0;
   plan->reduceScatterBytesPerStep = moves && plan->zeroStage == 1 ? full : 0;
   plan->allGatherBytesPerStep = moves && plan->zeroStage <= 2 ? full : 0;
-  plan->set(module);
+  plan->set(module, PlanPart::Traffic);
 }

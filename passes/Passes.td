@@ -100,7 +100,7 @@ def ZeroLayoutPass : Pass<"fastllm-zero-layout", "ModuleOp"> {
   let summary = "ZeRO step 1: lays out the stages' parameters and assigns buffer slots";
   let description = [{
     Decides the distributed plan of `func.func @train_step` (docs/DESIGN.md
-    section 3) and records it in the module's `plan.memory`:
+    section 3) and records it in the module's `plan.layout`:
 
     - parameters are laid end to end in one flat fp32 array, ordered by
       stage (`model.stage`), each tensor aligned to `alignment` bytes and
@@ -166,7 +166,7 @@ def VerifyCollectivesPass : Pass<"fastllm-verify-collectives", "ModuleOp"> {
 def CountTrafficPass : Pass<"fastllm-count-traffic", "ModuleOp"> {
   let summary = "records the bytes one rank's collectives move";
   let description = [{
-    Sums, into the module's `plan.memory`, the bytes one rank's collectives
+    Sums, into the module's `plan.traffic`, the bytes one rank's collectives
     move, counting a collective as its full buffer (a stage's fp32 elements
     times 4): the all-gathers and reduce-scatters of `@train_step`, per
     micro-batch, and the runtime's once per optimizer step (ZeRO-1
@@ -193,7 +193,7 @@ def PlanMemoryPass : Pass<"fastllm-plan-memory", "ModuleOp"> {
     Ops get `plan.offsets` (one byte offset per tensor result: for
     `model.get_parameter` where the weights it reads are,
     `model.accumulate_grad` gets the offset of the gradient it adds into);
-    the module's `plan.memory` gets every region's offset and size and the
+    the module's `plan.arena` gets every region's offset and size and the
     arena's total. Every region and buffer is aligned to the `alignment`
     fastllm-zero-layout chose (one option, recorded in the plan).
   }];
@@ -207,8 +207,8 @@ def PrepareEmissionPass : Pass<"fastllm-prepare-emission", "ModuleOp"> {
     module, where tests can see it:
 
     - the data: the tokens and targets inputs of `@train_step` (the roles
-      fastllm-plan-memory gave them) must be `[batch, seq]` int64; the
-      plan's `batch_size`, `seq_len` and `vocab_size` are set, the
+      fastllm-plan-memory gave them) must be `[batch, seq]` int64;
+      `plan.data` holds `batch_size`, `seq_len` and `vocab_size`, the
       vocabulary being the smallest bound on token ids the step relies on
       (the class dimension of a loss on the targets, the rows of a table the
       tokens index);

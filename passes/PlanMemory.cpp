@@ -86,7 +86,7 @@ void PlanMemoryPass::runOnOperation() {
     module.emitError("no func.func @train_step to plan; run fastllm-autodiff first");
     return signalPassFailure();
   }
-  std::optional<MemoryPlan> layout = MemoryPlan::get(module, "fastllm-zero-layout");
+  std::optional<MemoryPlan> layout = MemoryPlan::get(module, PlanParts(PlanPart::Layout));
   if (!layout)
     return signalPassFailure();
   if (layout->arenaBytes) {
@@ -110,6 +110,9 @@ void PlanMemoryPass::runOnOperation() {
     cursor += align(bytes);
     return offset;
   };
+  // The slots the layout sized get their offsets here.
+  plan.gradSlotOffsets.assign(plan.gradSlotElements.size(), -1);
+  plan.weightSlotOffsets.assign(plan.weightSlotElements.size(), -1);
   // Weights: one buffer per stage (the full array) or ZeRO-3's slots.
   if (plan.zeroStage <= 2)
     plan.paramsOffset = place(plan.paramElements * 4);
@@ -242,5 +245,5 @@ void PlanMemoryPass::runOnOperation() {
       offsets.push_back(plan.activationsOffset + buffers[bufferOf[r]].offset);
     op.setAttr(kResultOffsetsAttr, b.getDenseI64ArrayAttr(offsets));
   }
-  plan.set(module);
+  plan.set(module, PlanPart::Arena);
 }

@@ -58,7 +58,8 @@ FailureOr<int64_t> vocabularyBound(func::FuncOp step, Value tokens,
 
 void PrepareEmissionPass::runOnOperation() {
   ModuleOp module = getOperation();
-  std::optional<MemoryPlan> plan = MemoryPlan::get(module);
+  std::optional<MemoryPlan> plan =
+      MemoryPlan::get(module, PlanPart::Layout | PlanPart::Arena);
   if (!plan)
     return signalPassFailure();
   auto step = module.lookupSymbol<func::FuncOp>("train_step");
@@ -91,7 +92,7 @@ void PrepareEmissionPass::runOnOperation() {
   plan->batchSize = tokens.getDimSize(0);
   plan->seqLen = tokens.getDimSize(1);
   plan->vocabSize = *vocab;
-  plan->set(module);
+  plan->set(module, PlanPart::Data);
 
   Builder b(module.getContext());
   for (auto param : module.getOps<ParameterOp>())

@@ -46,7 +46,7 @@ constexpr int64_t kUnknown = -1; ///< weight slot content before a gather
 
 void VerifyCollectivesPass::runOnOperation() {
   ModuleOp module = getOperation();
-  std::optional<MemoryPlan> plan = MemoryPlan::get(module, "fastllm-zero-layout");
+  std::optional<MemoryPlan> plan = MemoryPlan::get(module, PlanParts(PlanPart::Layout));
   if (!plan)
     return signalPassFailure();
   auto step = module.lookupSymbol<func::FuncOp>("train_step");

@@ -62,7 +62,7 @@ bool computes(Operation *op) {
 
 void ZeroCollectivesPass::runOnOperation() {
   ModuleOp module = getOperation();
-  std::optional<MemoryPlan> plan = MemoryPlan::get(module, "fastllm-zero-layout");
+  std::optional<MemoryPlan> plan = MemoryPlan::get(module, PlanParts(PlanPart::Layout));
   if (!plan)
     return signalPassFailure();
   auto step = module.lookupSymbol<func::FuncOp>("train_step");

@@ -289,7 +289,7 @@ void ZeroLayoutPass::runOnOperation() {
   ModuleOp module = getOperation();
   if (failed(validateOptions(module)))
     return signalPassFailure();
-  if (module->hasAttr(kMemoryPlanAttr)) {
+  if (module->hasAttr(planPartAttrName(PlanPart::Layout))) {
     module.emitError("the module already has a memory plan");
     return signalPassFailure();
   }
@@ -355,7 +355,5 @@ void ZeroLayoutPass::runOnOperation() {
         acc->setAttr(kSlotAttr, b.getI64IntegerAttr(plan.stageGradSlot[owner]));
     }
   }
-  plan.gradSlotOffsets.assign(plan.gradSlotElements.size(), -1);
-  plan.weightSlotOffsets.assign(plan.weightSlotElements.size(), -1);
-  plan.set(module);
+  plan.set(module, PlanPart::Layout);
 }

@@ -114,7 +114,7 @@ struct PlanInfo {
   /// kAbiVersion of the compiler that emitted it: first, so that a runtime
   /// of another version reads it whatever else changed.
   int32_t abiVersion;
-#define FASTLLM_PLAN_FIELD(type, name, key, none, doc) type name;
+#define FASTLLM_PLAN_FIELD(type, name, key, none, part, doc) type name;
 #include "runtime/PlanFields.def"
   const char *target;     ///< "cpu" or "cuda"
   const char *tokensInput;  ///< the model input fed with tokens

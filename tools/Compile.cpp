@@ -208,7 +208,7 @@ static std::string planJson(ModuleOp module, const mlir::fastllm::MemoryPlan &pl
   Report r = makeReport(plan);
   // Every scalar of the plan, under the key runtime/PlanFields.def gives it.
   json::Object fields;
-#define FASTLLM_PLAN_FIELD(type, name, key, none, doc)                         \
+#define FASTLLM_PLAN_FIELD(type, name, key, none, part, doc)                         \
   fields[#key] = plan.name;
 #include "runtime/PlanFields.def"
   json::Object root{

@@ -40,12 +40,50 @@ func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 // -----
 
-// expected-error @+1 {{'plan.memory' is not a plan: no integer 'batch_size'}}
-module attributes {plan.memory = {}} {
+// The module's plan: one typed attribute per part, each holding exactly its
+// fields with their types.
+
+// expected-error @+1 {{'plan.layout' is not a plan layout: no i64 'data_parallel'}}
+module attributes {plan.layout = #plan.layout<{}>} {
   model.parameter @w : tensor<4xf32>
 }
 
 // -----
 
-// expected-error @+1 {{'plan.memory' belongs on the module}}
-model.parameter @w : tensor<4xf32> {plan.memory = {}}
+// expected-error @+1 {{'plan.data' is not a plan data: no i64 'seq_len'}}
+module attributes {plan.data = #plan.data<{batch_size = 2 : i64, seq_len = 3 : i32, vocab_size = 10 : i64}>} {
+  model.parameter @w : tensor<4xf32>
+}
+
+// -----
+
+// expected-error @+1 {{'plan.traffic' is not a plan traffic: unknown field 'all_reduce_bytes'}}
+module attributes {plan.traffic = #plan.traffic<{all_reduce_bytes = 0 : i64, all_gather_bytes_per_micro_batch = 0 : i64, all_gather_bytes_per_step = 0 : i64, reduce_scatter_bytes_per_micro_batch = 0 : i64, reduce_scatter_bytes_per_step = 0 : i64}>} {
+  model.parameter @w : tensor<4xf32>
+}
+
+// -----
+
+// expected-error @+1 {{'plan.layout' is not a plan layout: the stage_* arrays differ in length}}
+module attributes {plan.layout = #plan.layout<{alignment = 64 : i64, data_parallel = 1 : i64, frozen_elements = 0 : i64, full_precision_gradients = 1 : i64, grad_slot_elements = array<i64>, param_elements = 32 : i64, stage_elements = array<i64: 32>, stage_grad_slot = array<i64: -1>, stage_offsets = array<i64: 0, 32>, stage_tie_slot = array<i64: -1>, stage_weight_slot = array<i64: -1>, weight_slot_elements = array<i64>, zero_stage = 1 : i64}>} {
+  model.parameter @w : tensor<4xf32>
+}
+
+// -----
+
+// expected-error @+1 {{'plan.traffic' must be a #plan.traffic attribute}}
+module attributes {plan.traffic = {all_gather_bytes_per_micro_batch = 0 : i64, all_gather_bytes_per_step = 0 : i64, reduce_scatter_bytes_per_micro_batch = 0 : i64, reduce_scatter_bytes_per_step = 0 : i64}} {
+  model.parameter @w : tensor<4xf32>
+}
+
+// -----
+
+// expected-error @+1 {{'plan.traffic' belongs on the module}}
+model.parameter @w : tensor<4xf32> {plan.traffic = #plan.traffic<{all_gather_bytes_per_micro_batch = 0 : i64, all_gather_bytes_per_step = 0 : i64, reduce_scatter_bytes_per_micro_batch = 0 : i64, reduce_scatter_bytes_per_step = 0 : i64}>}
+
+// -----
+
+// expected-error @+1 {{has an unknown plan attribute 'plan.memory'}}
+module attributes {plan.memory = {}} {
+  model.parameter @w : tensor<4xf32>
+}

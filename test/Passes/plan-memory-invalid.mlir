@@ -3,7 +3,7 @@
 
 // Tests that the planner refuses what it cannot lay out.
 
-// LAYOUT: error: the module has no (complete) memory plan; run fastllm-zero-layout
+// LAYOUT: error: the module has no plan.layout; run fastllm-zero-layout
 // expected-error @+1 {{no func.func @train_step to lay out; run fastllm-autodiff first}}
 module {
   func.func @forward() {

@@ -8,24 +8,24 @@
 // One stage of 4 parameters, padded to dp * 32 = 32 elements (128 B): the
 // full weight and gradient arrays, then four 128 B shards (dp = 1), the
 // token and target regions (2x4 i64 = 64 B each), then the activations.
-// CHECK: plan.memory = {activations_bytes = 1024 : i64, activations_offset = 896 : i64,
+// CHECK: plan.arena = #plan.arena<{activations_bytes = 1024 : i64, activations_offset = 896 : i64,
 // CHECK-SAME: activations_unshared_bytes = 1152 : i64
 // CHECK-SAME: adam_m_offset = 384 : i64
 // CHECK-SAME: adam_v_offset = 512 : i64
 // CHECK-SAME: arena_bytes = 1920 : i64
-// CHECK-SAME: data_parallel = 1 : i64
 // CHECK-SAME: grad_shard_offset = 640 : i64
 // CHECK-SAME: grads_offset = 128 : i64
 // CHECK-SAME: master_offset = 256 : i64
-// CHECK-SAME: param_elements = 32 : i64
 // CHECK-SAME: params_offset = 0 : i64
-// CHECK-SAME: stage_elements = array<i64: 32>
-// CHECK-SAME: stage_offsets = array<i64: 0>
 // CHECK-SAME: targets_arg = 1 : i64
 // CHECK-SAME: targets_offset = 832 : i64
 // CHECK-SAME: tokens_arg = 0 : i64
 // CHECK-SAME: tokens_offset = 768 : i64
-// CHECK-SAME: zero_stage = 1 : i64}
+// CHECK-SAME: plan.layout = #plan.layout<{{{.*}}data_parallel = 1 : i64
+// CHECK-SAME: param_elements = 32 : i64
+// CHECK-SAME: stage_elements = array<i64: 32>
+// CHECK-SAME: stage_offsets = array<i64: 0>
+// CHECK-SAME: zero_stage = 1 : i64}>
 // CHECK: model.parameter @w {{.*}} {plan.offset = 0 : i64}
 model.parameter @w : tensor<4xf32>
 func.func @train_step(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f32> {

@@ -6,7 +6,7 @@
 // index), and AdamW's weight decay per parameter (matrices yes, vectors no,
 // a decision already recorded kept).
 
-// CHECK: plan.memory = {{{.*}}batch_size = 2 : i64
+// CHECK: plan.data = #plan.data<{batch_size = 2 : i64
 // CHECK-SAME: seq_len = 3 : i64
 // CHECK-SAME: vocab_size = 10 : i64
 // CHECK: model.parameter @emb {{.*}}plan.weight_decay = true

@@ -25,9 +25,9 @@
 // (1, 192). Forward: 192 + 64 + 64 + 128; backward: stage 3 still holds slot
 // 0, stages 2 and 1 are gathered again (64 + 64), stage 0 holds its own:
 // 576 elements = 2304 B per micro-batch.
-// ONEW: all_gather_bytes_per_micro_batch = 2304 : i64
-// ONEW-SAME: stage_weight_slot = array<i64: 1, 0, 0, 0>
+// ONEW: stage_weight_slot = array<i64: 1, 0, 0, 0>
 // ONEW-SAME: weight_slot_elements = array<i64: 128, 192>
+// ONEW-SAME: all_gather_bytes_per_micro_batch = 2304 : i64
 // ONEW: %[[G0:.*]] = model.all_gather stage 0 into slot 1
 // ONEW-NEXT: model.wait %[[G0]]
 // ONEW: %[[G1:.*]] = model.all_gather stage 1 into slot 0
@@ -49,10 +49,13 @@
 
 // ZeRO-1: nothing in the step; the runtime reduce-scatters and all-gathers
 // the whole 1792 B once per step.
-// ZERO1: all_gather_bytes_per_micro_batch = 0 : i64, all_gather_bytes_per_step = 1792 : i64
-// ZERO1-SAME: param_elements = 448 : i64
-// ZERO1-SAME: reduce_scatter_bytes_per_micro_batch = 0 : i64, reduce_scatter_bytes_per_step = 1792 : i64
-// ZERO1-SAME: stage_elements = array<i64: 192, 64, 64, 128>, stage_grad_slot = array<i64: -1, -1, -1, -1>
+// ZERO1: param_elements = 448 : i64
+// ZERO1-SAME: stage_elements = array<i64: 192, 64, 64, 128>
+// ZERO1-SAME: stage_grad_slot = array<i64: -1, -1, -1, -1>
+// ZERO1-SAME: all_gather_bytes_per_micro_batch = 0 : i64
+// ZERO1-SAME: all_gather_bytes_per_step = 1792 : i64
+// ZERO1-SAME: reduce_scatter_bytes_per_micro_batch = 0 : i64
+// ZERO1-SAME: reduce_scatter_bytes_per_step = 1792 : i64
 // ZERO1-LABEL: func.func @train_step
 // ZERO1: model.accumulate_grad @e, %{{.*}} {model.backward} : tensor<16x8xf32>
 // ZERO1-NEXT: return
@@ -61,11 +64,14 @@
 // elements, for stage 0), stages 1 and 3 slot 1 (128, for stage 3). Every
 // stage is reduce-scattered once per micro-batch: 448 * 4 B = 1792 B; the
 // weights are all-gathered once per step.
-// ZERO2: all_gather_bytes_per_micro_batch = 0 : i64, all_gather_bytes_per_step = 1792 : i64
-// ZERO2-SAME: grad_slot_elements = array<i64: 192, 128>
-// ZERO2-SAME: reduce_scatter_bytes_per_micro_batch = 1792 : i64, reduce_scatter_bytes_per_step = 0 : i64
-// ZERO2-SAME: stage_elements = array<i64: 192, 64, 64, 128>, stage_grad_slot = array<i64: 0, 1, 0, 1>
+// ZERO2: grad_slot_elements = array<i64: 192, 128>
+// ZERO2-SAME: stage_elements = array<i64: 192, 64, 64, 128>
+// ZERO2-SAME: stage_grad_slot = array<i64: 0, 1, 0, 1>
 // ZERO2-SAME: stage_weight_slot = array<i64: -1, -1, -1, -1>
+// ZERO2-SAME: all_gather_bytes_per_micro_batch = 0 : i64
+// ZERO2-SAME: all_gather_bytes_per_step = 1792 : i64
+// ZERO2-SAME: reduce_scatter_bytes_per_micro_batch = 1792 : i64
+// ZERO2-SAME: reduce_scatter_bytes_per_step = 0 : i64
 // ZERO2-LABEL: func.func @train_step
 // ZERO2: %[[LOSS:.*]] = model.cross_entropy
 // ZERO2-NEXT: model.constant {model.backward
@@ -101,8 +107,8 @@
 // One gradient slot (192 elements): each reduce-scatter is waited before the
 // next stage clears the slot.
 // GRAD1: grad_slot_elements = array<i64: 192>
-// GRAD1-SAME: reduce_scatter_bytes_per_micro_batch = 1792 : i64
 // GRAD1-SAME: stage_grad_slot = array<i64: 0, 0, 0, 0>
+// GRAD1-SAME: reduce_scatter_bytes_per_micro_batch = 1792 : i64
 // GRAD1-LABEL: func.func @train_step
 // GRAD1: model.clear_grads stage 3 slot 0 {model.backward}
 // GRAD1-NEXT: model.cross_entropy_grad
@@ -131,12 +137,15 @@
 // stage 1 again for its backward, stage 3 having overwritten slot 0
 // meanwhile: 512 elements = 2048 B. Stages 0, 2 and 3 still hold their slot
 // when their backward starts: no second gather.
-// ZERO3: all_gather_bytes_per_micro_batch = 2048 : i64, all_gather_bytes_per_step = 0 : i64
-// ZERO3-SAME: grad_slot_elements = array<i64: 192, 128>
-// ZERO3-SAME: reduce_scatter_bytes_per_micro_batch = 1792 : i64, reduce_scatter_bytes_per_step = 0 : i64
+// ZERO3: grad_slot_elements = array<i64: 192, 128>
 // ZERO3-SAME: stage_grad_slot = array<i64: 0, 1, 0, 1>
-// ZERO3-SAME: stage_tie_slot = array<i64: 2, -1, -1, -1>, stage_weight_slot = array<i64: 2, 0, 1, 0>
+// ZERO3-SAME: stage_tie_slot = array<i64: 2, -1, -1, -1>
+// ZERO3-SAME: stage_weight_slot = array<i64: 2, 0, 1, 0>
 // ZERO3-SAME: weight_slot_elements = array<i64: 128, 64, 192>
+// ZERO3-SAME: all_gather_bytes_per_micro_batch = 2048 : i64
+// ZERO3-SAME: all_gather_bytes_per_step = 0 : i64
+// ZERO3-SAME: reduce_scatter_bytes_per_micro_batch = 1792 : i64
+// ZERO3-SAME: reduce_scatter_bytes_per_step = 0 : i64
 // ZERO3-LABEL: func.func @train_step
 // Stage 0's weights arrive before its first op; stage 1's are prefetched
 // during stage 0's compute.
@@ -195,9 +204,11 @@
 
 // One rank moves nothing, whatever the collectives; stages are padded to 32
 // elements: 144 -> 160, 64, 64, 80 -> 96.
-// DP1: all_gather_bytes_per_micro_batch = 0 : i64, all_gather_bytes_per_step = 0 : i64
-// DP1-SAME: reduce_scatter_bytes_per_micro_batch = 0 : i64, reduce_scatter_bytes_per_step = 0 : i64
-// DP1-SAME: stage_elements = array<i64: 160, 64, 64, 96>
+// DP1: stage_elements = array<i64: 160, 64, 64, 96>
+// DP1-SAME: all_gather_bytes_per_micro_batch = 0 : i64
+// DP1-SAME: all_gather_bytes_per_step = 0 : i64
+// DP1-SAME: reduce_scatter_bytes_per_micro_batch = 0 : i64
+// DP1-SAME: reduce_scatter_bytes_per_step = 0 : i64
 // DP1: model.all_gather stage 0 into slot 2
 // DP1: model.reduce_scatter stage 0 from slot 0
 

@@ -61,9 +61,10 @@
 // GRAD1-NEXT: model.reduce_scatter stage 0 from slot 1
 //
 // ZeRO-3: stage 0's tie slot (2) is gathered once; the head reads it.
-// ZERO3: all_gather_bytes_per_micro_batch = 1536
-// ZERO3-SAME: stage_grad_slot = array<i64: 2, 0, 1, 0>
-// ZERO3-SAME: stage_tie_slot = array<i64: 2, -1, -1, -1>, stage_weight_slot = array<i64: 2, 0, 1, 0>
+// ZERO3: stage_grad_slot = array<i64: 2, 0, 1, 0>
+// ZERO3-SAME: stage_tie_slot = array<i64: 2, -1, -1, -1>
+// ZERO3-SAME: stage_weight_slot = array<i64: 2, 0, 1, 0>
+// ZERO3-SAME: all_gather_bytes_per_micro_batch = 1536
 // ZERO3-LABEL: func.func @train_step
 // ZERO3: model.all_gather stage 0 into slot 2
 // ZERO3-NOT: model.all_gather stage 0
@@ -76,7 +77,8 @@
 // One buffer of each kind: stages 1-3 share weight and gradient slot 0,
 // stage 0 keeps slot 1 of each kind.
 // ONE: stage_grad_slot = array<i64: 1, 0, 0, 0>
-// ONE-SAME: stage_tie_slot = array<i64: 1, -1, -1, -1>, stage_weight_slot = array<i64: 1, 0, 0, 0>
+// ONE-SAME: stage_tie_slot = array<i64: 1, -1, -1, -1>
+// ONE-SAME: stage_weight_slot = array<i64: 1, 0, 0, 0>
 // ONE: model.get_parameter @emb {model.stage = 3 : i64, plan.slot = 1 : i64}
 // ONE: model.clear_grads stage 0 slot 1 {model.backward}
 // ONE: model.accumulate_grad @emb, %{{.*}} {model.backward, model.stage = 3 : i64, plan.slot = 1 : i64}
@@ -145,7 +147,8 @@ func.func @forward(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f32> 
 //
 // ZeRO-3: stage 1's tie slot (2) is gathered once, before stage 1's forward;
 // stages 2 and 3 read @w and @g there, forward and backward.
-// ZERO3: stage_tie_slot = array<i64: -1, 2, -1, -1, -1>, stage_weight_slot = array<i64: 0, 2, -1, -1, 1>
+// ZERO3: stage_tie_slot = array<i64: -1, 2, -1, -1, -1>
+// ZERO3-SAME: stage_weight_slot = array<i64: 0, 2, -1, -1, 1>
 // ZERO3: weight_slot_elements = array<i64: 128, 128, 128>
 // ZERO3-LABEL: func.func @train_step
 // ZERO3: model.all_gather stage 1 into slot 2
@@ -159,7 +162,8 @@ func.func @forward(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f32> 
 // ZERO3-NEXT: model.reduce_scatter stage 1 from slot 2
 //
 // ONE: stage_grad_slot = array<i64: 0, 1, -1, -1, 0>
-// ONE-SAME: stage_tie_slot = array<i64: -1, 1, -1, -1, -1>, stage_weight_slot = array<i64: 0, 1, -1, -1, 0>
+// ONE-SAME: stage_tie_slot = array<i64: -1, 1, -1, -1, -1>
+// ONE-SAME: stage_weight_slot = array<i64: 0, 1, -1, -1, 0>
 // ONE: model.all_gather stage 1 into slot 1
 // ONE: model.all_gather stage 4 into slot 0
 // ONE: model.clear_grads stage 1 slot 1 {model.backward}
@@ -201,13 +205,15 @@ func.func @forward(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f32> 
 // ZERO2: model.accumulate_grad @emb, %{{.*}} {model.backward, model.stage = 0 : i64, plan.slot = 0 : i64}
 // ZERO2-NEXT: model.reduce_scatter stage 0 from slot 0
 // GRAD1: stage_grad_slot = array<i64: 0>
-// ZERO3: stage_tie_slot = array<i64: -1>, stage_weight_slot = array<i64: 0>
+// ZERO3: stage_tie_slot = array<i64: -1>
+// ZERO3-SAME: stage_weight_slot = array<i64: 0>
 // ZERO3-LABEL: func.func @train_step
 // ZERO3-COUNT-1: model.all_gather stage 0 into slot 0
 // ZERO3-NOT: model.all_gather
 // ZERO3: model.reduce_scatter stage 0 from slot 0
 // ONE: stage_grad_slot = array<i64: 0>
-// ONE-SAME: stage_tie_slot = array<i64: -1>, stage_weight_slot = array<i64: 0>
+// ONE-SAME: stage_tie_slot = array<i64: -1>
+// ONE-SAME: stage_weight_slot = array<i64: 0>
 model.parameter @emb : tensor<10x8xf32> {model.stage = 0 : i64}
 model.parameter @w1 : tensor<8x8xf32> {model.stage = 0 : i64}
 func.func @forward(%tok: tensor<2x4xi64>, %tgt: tensor<2x4xi64>) -> tensor<f32> {
