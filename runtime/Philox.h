@@ -16,7 +16,7 @@
 //   keep    = word >= dropoutThreshold(p)    (u = word / 2^32 >= p)
 //
 // The same header is used by host C++ (the CPU kernels, tests) and CUDA
-// device code; test/e2e/dropout.py computes the same words in NumPy.
+// device code; test/EndToEnd/dropout.py computes the same words in NumPy.
 //
 //===----------------------------------------------------------------------===//
 

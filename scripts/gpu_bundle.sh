@@ -11,7 +11,7 @@
 # holds run.sh and bundle.tar.xz (xz: about 12 MB instead of 80, within what
 # the device tool carries), which run.sh unpacks into a temporary folder:
 #   bin/    the CUDA kernel and device tests and the generated-step smoke
-#   e2e/    test/e2e/cuda_vs_cpu.py --prepare: the GPT-2/Llama CUDA binaries
+#   e2e/    test/EndToEnd/cuda_vs_cpu.py --prepare: the GPT-2/Llama CUDA binaries
 #           (fp32, bf16), their weights and tokens, the CPU target's losses
 #   bench/  bench/gpu_bench.py --prepare: the GPT-2 124M binary and plan
 #           (weights are made there from the plan)
@@ -39,7 +39,7 @@ for t in fastllm-cuda-kernel-tests fastllm-cuda-device-tests \
   fastllm-cuda-generated-smoke; do
   cp "$build/bin/$t" "$out/bin/"
 done
-"$py" "$root/test/e2e/cuda_vs_cpu.py" --tool "$tool" --prepare "$out/e2e" |
+"$py" "$root/test/EndToEnd/cuda_vs_cpu.py" --tool "$tool" --prepare "$out/e2e" |
   grep -v "bytes, export"
 if ((bench)); then
   "$py" "$root/bench/gpu_bench.py" --tool "$tool" --prepare "$out/bench"
@@ -91,7 +91,7 @@ check() { # NAME LOG COMMAND...
 check "generated-step smoke" smoke.log "$here/bin/fastllm-cuda-generated-smoke"
 check "CUDA kernels vs CPU" kernels.log "$here/bin/fastllm-cuda-kernel-tests"
 check "CUDA device code vs CPU" device.log "$here/bin/fastllm-cuda-device-tests"
-check "training vs CPU and PyTorch" e2e.log "$py" "$root/test/e2e/cuda_vs_cpu.py" --from "$here/e2e"
+check "training vs CPU and PyTorch" e2e.log "$py" "$root/test/EndToEnd/cuda_vs_cpu.py" --from "$here/e2e"
 [[ -d $here/bench ]] && check "GPT-2 124M benchmark" bench.log "$py" "$root/bench/gpu_bench.py" --from "$here/bench"
 echo
 printf '%s\n' "${summary[@]}"

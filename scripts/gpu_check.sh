@@ -3,7 +3,7 @@
 # has one; see the device notes in the issue tracker):
 #   1. the generated-step smoke test (one micro-batch, fp32 and bf16),
 #   2. the CUDA kernels and device code against the CPU's (ctest label cuda),
-#   3. test/e2e/cuda_vs_cpu.py (training vs the CPU target and PyTorch,
+#   3. test/EndToEnd/cuda_vs_cpu.py (training vs the CPU target and PyTorch,
 #      GPU memory vs the plan),
 #   4. bench/gpu_bench.py (GPT-2 124M tokens/s, MFU, memory vs PyTorch),
 #      unless --no-bench.
@@ -29,7 +29,7 @@ run "generated-step smoke" "$build/bin/fastllm-cuda-generated-smoke"
 run "CUDA kernels and device vs CPU" \
   bash -c "cd '$build' && ctest -L '^cuda$' --output-on-failure"
 run "training vs CPU and PyTorch" \
-  "$py" "$root/test/e2e/cuda_vs_cpu.py" --tool "$build/bin/fastllm-opt"
+  "$py" "$root/test/EndToEnd/cuda_vs_cpu.py" --tool "$build/bin/fastllm-opt"
 if ((bench)); then
   run "GPT-2 124M benchmark" "$py" "$root/bench/gpu_bench.py" --tool "$build/bin/fastllm-opt"
 fi

@@ -1,5 +1,8 @@
 # -*- Python -*-
 import os
+import shutil
+import subprocess
+import sys
 
 import lit.formats
 from lit.llvm import llvm_config
@@ -11,6 +14,16 @@ config.suffixes = [".mlir", ".onnxtext", ".test"]
 config.excludes = ["Inputs", "CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.fastllm_obj_root, "test")
+
+# The Python harnesses' test format (test/lit_harness.py), which the
+# lit.local.cfg of test/EndToEnd and test/Import select. It must be an
+# importable module: lit hands tests to its worker processes by pickling.
+sys.path.insert(0, config.test_source_root)
+
+# What the tools and harnesses read from the environment besides lit's
+# defaults: the host compiler and nvcc `compile` uses, the GPUs to use.
+llvm_config.with_system_environment(
+    ["HOME", "FASTLLM_CXX", "FASTLLM_NVCC", "CUDA_VISIBLE_DEVICES"])
 
 config.substitutions.append(("%PATH%", config.environment["PATH"]))
 config.substitutions.append(("%python", config.python3))
@@ -25,3 +38,64 @@ llvm_config.add_tool_substitutions(tools, [config.fastllm_tools_dir])
 config.substitutions.append(
     ("%expect_exit",
      f"{config.python3} {os.path.join(config.fastllm_src_root, 'test', 'expect_exit.py')}"))
+
+# Features for `REQUIRES:`, each set only when what it names is found here.
+#   torch, onnx     config.python3 (Debian's /usr/bin/python3) imports the module
+#   mpirun          mpirun is on the tests' PATH
+#   nvcc            `compile --target cuda`'s nvcc (FASTLLM_NVCC, else the one
+#                   the build found) exists and runs
+#   cuda-emulation  the emulated CUDA libraries (runtime/cuda/emu) were built
+#   gpu             a real GPU: `nvidia-smi -L` lists one
+#   onnx-testdata   ONNX's node tests (Debian's libonnx-testdata) are installed
+def run_ok(argv, timeout):
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=config.environment)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def importable(modules):
+    probe = ("import sys\n"
+             "for m in sys.argv[1:]:\n"
+             "    try:\n"
+             "        __import__(m)\n"
+             "        print(m)\n"
+             "    except Exception:\n"
+             "        pass\n")
+    out = run_ok([config.python3, "-c", probe] + modules, timeout=300)
+    return set(out.stdout.split()) if out and out.returncode == 0 else set()
+
+
+def executable(path):
+    return bool(path) and os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+probes = {}
+found_modules = importable(["torch", "onnx"])
+probes["torch"] = "torch" in found_modules
+probes["onnx"] = "onnx" in found_modules
+probes["mpirun"] = shutil.which("mpirun", path=config.environment["PATH"]) is not None
+nvcc = os.environ.get("FASTLLM_NVCC") or config.fastllm_nvcc
+if nvcc.endswith("-NOTFOUND"):
+    nvcc = ""
+nvcc_version = run_ok([nvcc, "--version"], timeout=60) if executable(nvcc) else None
+probes["nvcc"] = bool(nvcc_version) and nvcc_version.returncode == 0
+probes["cuda-emulation"] = all(
+    os.path.isfile(os.path.join(config.fastllm_lib_dir, lib))
+    for lib in ("libfastllm_cuda_emu.a", "libfastllm_cuda_kernels_emu.a",
+                "libfastllm_rt_cuda_emu.a"))
+gpus = run_ok(["nvidia-smi", "-L"], timeout=60)
+probes["gpu"] = bool(gpus) and gpus.returncode == 0 and any(
+    line.startswith("GPU ") for line in gpus.stdout.splitlines())
+probes["onnx-testdata"] = os.path.isdir("/usr/share/libonnx-testdata/data/node")
+for feature, found in probes.items():
+    if found:
+        config.available_features.add(feature)
+lit_config.note("features: %s; not found: %s" % (
+    " ".join(f for f, found in probes.items() if found) or "none",
+    " ".join(f for f, found in probes.items() if not found) or "none"))
+
+# The harnesses run one at a time: several time ranks out under mpirun
+# --oversubscribe, and each keeps the machine's cores busy on its own.
+lit_config.parallelism_groups["harness"] = 1

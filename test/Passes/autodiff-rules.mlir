@@ -3,7 +3,7 @@
 // One case per gradient rule family: each @forward reads a parameter, applies
 // the op, and sums the result into the loss; the checks pin the backward the
 // rule builds (the numbers are checked against PyTorch by
-// test/e2e/gradcheck.py).
+// test/EndToEnd/gradcheck.py).
 
 model.parameter @p : tensor<3x4xf32>
 // Tests that sqrt reuses its result: dx = g * 0.5 / y.

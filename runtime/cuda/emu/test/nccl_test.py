@@ -11,7 +11,7 @@ Usage: nccl_test.py PATH/TO/NcclTest
     when a rank dies): the ranks left must see ncclRemoteError;
   - `loop 5` (collectives with NcclComm.cu's watchdog scheme) with rank 1 of
     2, or rank 2 of 3, SIGKILLed or SIGSTOPped from outside as
-    test/e2e/kill_rank.py does: the job must end non-zero within 30 s,
+    test/EndToEnd/kill_rank.py does: the job must end non-zero within 30 s,
     saying which rank died or that a collective timed out with the rank
     stopped.
 Prints PASS/FAIL per case (with the measured time) and a summary; exits 1 if

@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: mpirun
+# RUN: %python %s fastllm-opt
 """A rank that dies or hangs mid-run ends the whole job, naming a rank.
 
 Compiles the bundled GPT-2 (models/gpt2-tiny.onnx) for 2 ranks with ZeRO-3

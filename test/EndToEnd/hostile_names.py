@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: onnx
+# RUN: %python %s fastllm-opt
 """Names from an ONNX file can never become code, and survive byte for byte.
 
 Takes the bundled GPT-2 (models/gpt2-tiny.onnx) and renames six of its

@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: onnx
+# RUN: %python %s --tool fastllm-opt
 """Hostile ONNX input: `fastllm-opt` refuses it cleanly, quickly and small.
 
 What
@@ -52,7 +54,7 @@ failure is about the broken thing and not about the model around it.
 
 Usage (Debian's interpreter, which has python3-onnx)::
 
-    /usr/bin/python3 test/e2e/hostile_onnx.py [--tool build/bin/fastllm-opt]
+    /usr/bin/python3 test/EndToEnd/hostile_onnx.py [--tool build/bin/fastllm-opt]
         [--keep DIR] [-k SUBSTRING]
 
 Prints `PASS name (time, RSS)` or `FAIL name: reason` per case and finally
@@ -1086,7 +1088,7 @@ def chain_scaling(d):
     return check_ok(r, time_limit=2 * FAST_LIMIT), f"compile --emit mlir {r.stats()}"
 
 
-# Hostile names in generated code: test/e2e/hostile_names.py.
+# Hostile names in generated code: test/EndToEnd/hostile_names.py.
 
 
 @case("names: an initializer named '__metadata__' is an error")

@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: torch, onnx, mpirun
+# RUN: %python %s fastllm-opt
 """Dropout (p > 0, training mode) trains like PyTorch with the same masks, and
 draws the same masks whatever the data parallelism, micro-batching or ZeRO
 stage.

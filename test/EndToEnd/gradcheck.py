@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: torch, onnx
+# RUN: %python %s --tool fastllm-opt
 """Every gradient rule of the compiler, checked numerically against PyTorch.
 
 One small PyTorch model holds one term per ONNX op / gradient rule (several
@@ -42,7 +44,7 @@ Notes on what the pipeline accepts (all rules fit in one ONNX model):
   exporter into single ops; the test holds either way and says which form the
   plan used.
 * Dropout (training mode, F.dropout(training=True)) is random: the reference
-  multiplies by the compiled step's own mask (Philox, test/e2e/dropout.py),
+  multiplies by the compiled step's own mask (Philox, test/EndToEnd/dropout.py),
   so the rule checks that the backward regenerates the forward's mask.
 
 Prints `PASS rule (worst ratio R at PARAM)` / `FAIL rule: ...` once per rule,
@@ -315,7 +317,7 @@ def _(P):
 # Dropout in training mode (exported as Dropout with training_mode true). The
 # reference drops what the compiled step drops: the Philox mask of --seed 0,
 # step 0 and global samples 0 .. BATCH - 1 (the leading dim holds BATCH
-# samples) at the node's site (test/e2e/dropout.py computes it). Squaring
+# samples) at the node's site (test/EndToEnd/dropout.py computes it). Squaring
 # makes the gradient 2 y m / (1 - p): it needs the backward's mask to be the
 # forward's.
 DROPOUT = {"sites": [], "calls": 0}

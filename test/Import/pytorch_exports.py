@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: torch, onnx
+# RUN: %python %s --tool fastllm-opt
 """End-to-end check: PyTorch exports of GPT-2 / Llama through `fastllm-opt import`.
 
 What
@@ -39,7 +41,7 @@ folding, which decides which initializers exist.
 
 Usage (system interpreter; Debian python3-torch and python3-onnx)::
 
-    /usr/bin/python3 test/export_import_test.py --tool build/bin/fastllm-opt
+    /usr/bin/python3 test/Import/pytorch_exports.py --tool build/bin/fastllm-opt
 
 Prints ``PASS name`` or ``FAIL name: reason`` per case and finally
 ``export import tests: P passed, F failed``; exits 1 on any failure.
@@ -60,8 +62,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-EXPORT_SCRIPT = os.path.join(HERE, "models", "export_models.py")
+ROOT = os.path.dirname(os.path.dirname(HERE))
+EXPORT_SCRIPT = os.path.join(ROOT, "test", "models", "export_models.py")
 MODEL_OPS_TD = os.path.join(ROOT, "ir", "ModelOps.td")
 DEFAULT_TOOL = os.path.join(ROOT, "build", "bin", "fastllm-opt")
 
@@ -319,7 +321,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     if not os.access(args.tool, os.X_OK):
-        sys.exit(f"export_import_test.py: {args.tool} is not an executable")
+        sys.exit(f"pytorch_exports.py: {args.tool} is not an executable")
     allowed_ops = STRUCTURAL_OPS | dialect_ops(MODEL_OPS_TD)
     cases = [c for c in CASES if not args.filter or re.search(args.filter, c[0])]
     exporter = load_exporter()

@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: torch, onnx, mpirun
+# RUN: %python %s fastllm-opt
 """Models written and exported the way people do train like PyTorch.
 
 Three models, written as their authors write them, not shaped for the tool:

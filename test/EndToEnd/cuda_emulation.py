@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: torch, onnx, mpirun, cuda-emulation
+# RUN: %python %s fastllm-opt
 """The CUDA target, run on CPUs by the CUDA emulation (--cuda-emulation).
 
 For the GPT-2- and Llama-style exports (constant folding on), batch 4 x seq

@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: torch, onnx
+# RUN: %python %s --tool fastllm-opt
 """Compiled training equals PyTorch's, step for step.
 
 For each case: export a seeded GPT-2- or Llama-style model with

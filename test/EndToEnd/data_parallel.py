@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: torch, onnx, mpirun
+# RUN: %python %s fastllm-opt
 """Data-parallel training (ZeRO-1/2/3) equals one rank and PyTorch, and moves
 and holds what the plan says.
 

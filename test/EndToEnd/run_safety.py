@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: torch, onnx, mpirun
+# RUN: %python %s fastllm-opt
 """Training-run safety of the compiled binary (docs/TRAINING_RUNS.md).
 
 Compiles the bundled GPT-2 (models/gpt2-tiny.onnx) for 1 and 2 ranks and a

@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: onnx, onnx-testdata
+# RUN: %python %s --tool fastllm-opt -v
 """Check `fastllm-opt import` against ONNX's own operator (node) tests.
 
 What
@@ -63,7 +65,7 @@ ConstantOfShape...) whose only node tests are older than opset 13.
 
 Usage (system interpreter; Debian python3-onnx)::
 
-    /usr/bin/python3 test/onnx_node_tests.py --tool build/bin/fastllm-opt
+    /usr/bin/python3 test/Import/onnx_node_tests.py --tool build/bin/fastllm-opt
 
 Prints one line per non-passing test (all tests with ``-v``), per-op counts,
 and finally ``onnx node tests: P passed, F failed, S skipped``. Exits 1 if any
@@ -83,7 +85,7 @@ import onnx
 from onnx import defs, helper
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_DATA = "/usr/share/libonnx-testdata/data/node"
 DEFAULT_CONVERTERS = os.path.join(ROOT, "frontend", "Converters.cpp")
 DEFAULT_IMPORTER_H = os.path.join(ROOT, "frontend", "OnnxImporter.h")

@@ -1,4 +1,6 @@
 #!/usr/bin/python3
+# REQUIRES: torch, onnx, nvcc
+# RUN: %python %s --tool fastllm-opt
 """The CUDA target: generated CUDA C++ builds with nvcc, and on a GPU trains
 like the CPU target.
 
