@@ -1,6 +1,7 @@
 //===- Checkpoint.cpp - sharded, verified training checkpoints ------------===//
 
 #include "runtime/Checkpoint.h"
+#include "runtime/Version.h"
 
 #include "runtime/Json.h"
 #include "runtime/OutputFile.h"
@@ -219,6 +220,7 @@ std::string fastllm::rt::manifestJson(const Manifest &m) {
   std::string s =
       std::string("{\n  \"format\": \"") + kFormat +
       "\",\n  \"version\": " + std::to_string(kVersion) +
+      ",\n  \"producer\": \"fastllm-opt " + versionString() + "\"" +
       ",\n  \"step\": " + std::to_string(m.step) +
       ",\n  \"optimizer_step\": " + std::to_string(m.optimizerStep) +
       ",\n  \"dp\": " + std::to_string(m.dp) +

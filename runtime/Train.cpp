@@ -1,6 +1,7 @@
 //===- Train.cpp - the training loop --------------------------------------===//
 
 #include "runtime/Train.h"
+#include "runtime/Version.h"
 
 #include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
@@ -264,7 +265,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                                      {"adam_m", adamM, shardBytes},
                                      {"adam_v", adamV, shardBytes}};
   if (log)
-    std::fprintf(log, "%s\n", planSummary(plan, opts).c_str());
+    std::fprintf(log, "fastllm-opt %s: training %s\n%s\n", versionString(),
+                 plan.target, planSummary(plan, opts).c_str());
   const Fingerprint planPrint = planFingerprint(plan);
   const Fingerprint runPrint = runFingerprint(opts, data->size());
   int64_t firstStep = 0, optimizerStep = 0;

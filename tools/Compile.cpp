@@ -17,15 +17,19 @@
 #include "ir/ModelDialect.h"
 #include "ir/ModelSummary.h"
 #include "ir/Plan.h"
+#include "passes/Passes.h"
 #include "passes/Pipelines.h"
 #include "runtime/OutputFile.h"
+#include "runtime/Version.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
+#include "mlir/Support/Timing.h"
 #include "mlir/Support/FileUtilities.h"
+#include "llvm/Config/llvm-config.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
@@ -212,6 +216,8 @@ static std::string planJson(ModuleOp module, const mlir::fastllm::MemoryPlan &pl
   fields[#key] = plan.name;
 #include "runtime/PlanFields.def"
   json::Object root{
+      {"producer",
+       std::string("fastllm-opt ") + ::fastllm::rt::versionString()},
       {"target", target.str()},
       {"plan", std::move(fields)},
       {"stages", std::move(stages)},
@@ -621,17 +627,30 @@ static bool writeArtifacts(ModuleOp module,
   return buildBinary(output.stagingDir(), target, flags.cudaEmulation);
 }
 
+void mlir::fastllm::printVersion(raw_ostream &os) {
+  os << "fastllm-opt " << ::fastllm::rt::versionString()
+     << "\n  built on LLVM/MLIR " << LLVM_VERSION_STRING << "\n";
+}
+
 int mlir::fastllm::compileMain(int argc, char **argv) {
   cl::OptionCategory category("fastllm-opt compile options");
   CompileFlags flags(category);
   registerAsmPrinterCLOptions();
   registerMLIRContextCLOptions();
+  // --mlir-print-ir-after=PASS and the like name the pipeline's passes,
+  // registered before the flags that list them.
+  mlir::fastllm::registerFastllmPasses();
+  registerPassManagerCLOptions();
+  registerDefaultTimingManagerCLOptions();
   cl::HideUnrelatedOptions({&category, &getColorCategory()});
   cl::ParseCommandLineOptions(
       argc, argv,
       "fastllm-opt compile: ONNX training graph (output: the loss) to a "
       "training program in the output folder: plan.mlir, train_step.cpp, "
-      "weights.safetensors, plan.json and the `train` binary\n");
+      "weights.safetensors, plan.json and the `train` binary\n\n"
+      "MLIR's pass-manager flags work here too (--help-hidden lists them): "
+      "--mlir-print-ir-after-all, --mlir-print-ir-before=PASS, "
+      "--mlir-timing, --mlir-pass-statistics, ...\n");
 
   mlir::fastllm::TrainingPipelineOptions pipeline;
   mlir::fastllm::OnnxImportOptions options;
@@ -649,6 +668,9 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
     return 1;
 
   PassManager pm(&context);
+  if (failed(applyPassManagerCLOptions(pm)))
+    return 1;
+  applyDefaultTimingPassManagerCLOptions(pm);
   mlir::fastllm::buildTrainingPipeline(pm, pipeline);
   if (failed(pm.run(*module)))
     return 1;

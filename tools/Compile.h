@@ -18,6 +18,9 @@ namespace mlir::fastllm {
 /// `fastllm-opt compile ...` (argv[0] is the subcommand's name).
 int compileMain(int argc, char **argv);
 
+/// What `--version` prints: the project's version and commit, and LLVM's.
+void printVersion(llvm::raw_ostream &os);
+
 /// The importer's flags, shared by `import` and `compile`: `--bind-dim
 /// NAME=V` (repeatable) and `--keep-shared-initializers`.
 struct ImportFlags {

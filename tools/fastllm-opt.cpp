@@ -163,6 +163,7 @@ static int importMain(int argc, char **argv) {
 
 int main(int argc, char **argv) {
   InitLLVM y(argc, argv);
+  cl::SetVersionPrinter(fastllm::printVersion);
   if (argc > 1 && StringRef(argv[1]) == "import") {
     // Drop the subcommand so cl sees `fastllm-opt-import ARGS...`.
     std::string name = std::string(argv[0]) + " import";
