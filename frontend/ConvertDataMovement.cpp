@@ -49,9 +49,7 @@ LogicalResult converters::convertTranspose(NodeImporter &n) {
     n.setOutput(0, std::move(out));
     return success();
   }
-  n.setOutput(0, n.create<m::TransposeOp>(
-                     tensorOf(shape, n.inputType(0).getElementType()),
-                     n.operand(0), perm));
+  n.setOutput(0, n.createInferred<m::TransposeOp>(n.operand(0), perm));
   return success();
 }
 

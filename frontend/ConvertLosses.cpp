@@ -35,15 +35,12 @@ template <typename OpTy> static LogicalResult convertLoss(NodeImporter &n) {
   if (!red)
     return n.error() << "unknown reduction '" << reduction << "'";
   Value input = n.operand(0);
-  SmallVector<int64_t> classesLast(t);
-  classesLast.push_back(s[1]);
   if (s.size() > 2) {
     SmallVector<int64_t> perm{0};
     for (size_t i = 2; i < s.size(); ++i)
       perm.push_back(i);
     perm.push_back(1);
-    input = n.create<m::TransposeOp>(
-        tensorOf(classesLast, scores.getElementType()), input, perm);
+    input = n.createInferred<m::TransposeOp>(input, perm);
   }
   IntegerAttr ignore;
   if (n.hasAttribute("ignore_index"))

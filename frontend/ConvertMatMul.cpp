@@ -38,11 +38,8 @@ LogicalResult converters::convertMatMul(NodeImporter &n) {
     return n.error() << "batch dims of " << shapeString(n.inputShape(0))
                      << " and " << shapeString(n.inputShape(1))
                      << " do not broadcast";
-  SmallVector<int64_t> shape(*batch);
-  shape.push_back(a[a.size() - 2]);
-  shape.push_back(b.back());
   Value lhs = reshape(n, n.operand(0), a), rhs = reshape(n, n.operand(1), b);
-  Value result = n.create<m::MatmulOp>(tensorOf(shape, elementType), lhs, rhs);
+  Value result = n.createInferred<m::MatmulOp>(lhs, rhs);
   SmallVector<int64_t> final(*batch);
   if (!vecA)
     final.push_back(a[a.size() - 2]);
@@ -53,10 +50,7 @@ LogicalResult converters::convertMatMul(NodeImporter &n) {
 }
 
 static Value transpose2d(NodeImporter &n, Value v) {
-  auto type = cast<RankedTensorType>(v.getType());
-  return n.create<m::TransposeOp>(
-      tensorOf({type.getDimSize(1), type.getDimSize(0)}, type.getElementType()),
-      v, ArrayRef<int64_t>{1, 0});
+  return n.createInferred<m::TransposeOp>(v, ArrayRef<int64_t>{1, 0});
 }
 
 LogicalResult converters::convertGemm(NodeImporter &n) {
@@ -81,7 +75,7 @@ LogicalResult converters::convertGemm(NodeImporter &n) {
     lhs = transpose2d(n, lhs);
   if (transB)
     rhs = transpose2d(n, rhs);
-  Value result = n.create<m::MatmulOp>(resultType, lhs, rhs);
+  Value result = n.createInferred<m::MatmulOp>(lhs, rhs);
   if (alpha != 1.0f)
     result = n.create<m::MulOp>(
         resultType, result,

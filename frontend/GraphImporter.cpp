@@ -512,8 +512,8 @@ Value GraphImporter::materialize(ImportedValue &v) {
         {v.type.getDimSize(1), v.type.getDimSize(0)}, v.type.getElementType());
     Value read = builder.create<model::GetParameterOp>(
         loc, stored, FlatSymbolRefAttr::get(context, v.parameter));
-    v.value = builder.create<model::TransposeOp>(loc, v.type, read,
-                                                 ArrayRef<int64_t>{1, 0});
+    v.value =
+        builder.create<model::TransposeOp>(loc, read, ArrayRef<int64_t>{1, 0});
   } else {
     v.value = builder.create<model::GetParameterOp>(
         NameLoc::get(builder.getStringAttr(v.parameter), fileLoc), v.type,

@@ -113,6 +113,12 @@ public:
     return builder.create<OpTy>(loc, resultType, std::forward<Args>(args)...)
         .getResult();
   }
+  /// An op whose operands and attributes give its result type
+  /// (InferTypeOpInterface).
+  template <typename OpTy, typename... Args>
+  Value createInferred(Args &&...args) {
+    return builder.create<OpTy>(loc, std::forward<Args>(args)...).getResult();
+  }
 
 private:
   GraphImporter &graph;

@@ -82,12 +82,118 @@ static LogicalResult verifySameElementType(Operation *op, ValueRange values) {
   return success();
 }
 
+//===----------------------------------------------------------------------===//
+// Shape rules
+//===----------------------------------------------------------------------===//
+//
+// The result shapes of the ops that infer their result type, one rule each:
+// the op's inferReturnTypes and its verifier both call it. A rule fails when
+// the operands break the op's rules, reporting why through `emitError` when
+// there is one: the verifier's (`'model.x' op ...` on the op) or, for
+// inferReturnTypes, one at the location being built when it has one.
+
+using ShapeErrorFn = llvm::function_ref<InFlightDiagnostic()>;
+
+static InFlightDiagnostic report(ShapeErrorFn emitError) {
+  return emitError ? emitError() : InFlightDiagnostic();
+}
+
+/// The verifier's diagnostics.
+static auto opError(Operation *op) {
+  return [op] { return op->emitOpError(); };
+}
+
+/// inferReturnTypes's diagnostics, worded as the verifier's.
+template <typename OpTy>
+static auto inferError(std::optional<Location> location) {
+  return [location]() -> InFlightDiagnostic {
+    if (!location)
+      return InFlightDiagnostic();
+    return mlir::emitError(*location)
+           << "'" << OpTy::getOperationName() << "' op ";
+  };
+}
+
+/// One tensor of `elementType` with the inferred shape, if there is one.
+static LogicalResult inferTensor(FailureOr<SmallVector<int64_t>> shape,
+                                 Type elementType,
+                                 SmallVectorImpl<Type> &inferred) {
+  if (failed(shape))
+    return failure();
+  inferred.push_back(RankedTensorType::get(*shape, elementType));
+  return success();
+}
+
+/// Checks that `result` has the shape its rule gives.
+static LogicalResult verifyResultShape(Operation *op, Value result,
+                                       ArrayRef<int64_t> expected) {
+  if (tensorType(result).getShape() != expected)
+    return op->emitOpError("result shape ")
+           << shapeStr(tensorType(result).getShape()) << " should be "
+           << shapeStr(expected);
+  return success();
+}
+
+static LogicalResult checkDim(int64_t dim, int64_t rank, ShapeErrorFn emitError,
+                              StringRef what = "dim") {
+  if (dim < 0 || dim >= rank)
+    return report(emitError)
+           << what << " " << dim << " is out of range for rank " << rank;
+  return success();
+}
+
 static LogicalResult verifyDim(Operation *op, int64_t dim, int64_t rank,
                                StringRef what = "dim") {
-  if (dim < 0 || dim >= rank)
-    return op->emitOpError() << what << " " << dim << " is out of range for rank "
-                             << rank;
-  return success();
+  return checkDim(dim, rank, opError(op), what);
+}
+
+/// The shape of op(lhs)·op(rhs) (model.matmul's rules).
+static FailureOr<SmallVector<int64_t>>
+matmulShape(ArrayRef<int64_t> lhs, ArrayRef<int64_t> rhs, bool transLhs,
+            bool transRhs, ShapeErrorFn emitError) {
+  SmallVector<int64_t> a(lhs), b(rhs);
+  if (a.size() < 2 || b.size() < 2)
+    return report(emitError)
+           << "operands must have rank >= 2, got " << a.size() << " and "
+           << b.size();
+  // The shapes the product reads.
+  if (transLhs)
+    std::swap(a[a.size() - 1], a[a.size() - 2]);
+  if (transRhs)
+    std::swap(b[b.size() - 1], b[b.size() - 2]);
+  if (a.back() != b[b.size() - 2])
+    return report(emitError)
+           << "contraction dims differ: lhs " << shapeStr(a)
+           << " has K = " << a.back() << ", rhs " << shapeStr(b)
+           << " has K = " << b[b.size() - 2];
+  SmallVector<int64_t> shape;
+  if (!OpTrait::util::getBroadcastedShape(ArrayRef<int64_t>(a).drop_back(2),
+                                          ArrayRef<int64_t>(b).drop_back(2),
+                                          shape))
+    return report(emitError) << "batch dims are not broadcast-compatible: "
+                             << shapeStr(a) << " and " << shapeStr(b);
+  shape.push_back(a[a.size() - 2]);
+  shape.push_back(b.back());
+  return shape;
+}
+
+/// Result dim i is input dim permutation[i].
+static FailureOr<SmallVector<int64_t>>
+transposeShape(ArrayRef<int64_t> in, ArrayRef<int64_t> perm,
+               ShapeErrorFn emitError) {
+  if (perm.size() != in.size())
+    return report(emitError) << "permutation has " << perm.size()
+                             << " entries for an input of rank " << in.size();
+  SmallVector<bool> seen(in.size(), false);
+  SmallVector<int64_t> shape;
+  for (int64_t p : perm) {
+    if (p < 0 || p >= (int64_t)in.size() || seen[p])
+      return report(emitError)
+             << "permutation " << shapeStr(perm) << " is not a permutation";
+    seen[p] = true;
+    shape.push_back(in[p]);
+  }
+  return shape;
 }
 
 //===----------------------------------------------------------------------===//
@@ -152,55 +258,36 @@ LogicalResult SelectOp::verify() {
 // Linear algebra and data movement
 //===----------------------------------------------------------------------===//
 
-/// The shape of op(lhs)·op(rhs) (model.matmul's rules), or failure with a
-/// diagnostic on `op`.
-static FailureOr<SmallVector<int64_t>> matmulShape(Operation *op, Value lhs,
-                                                   Value rhs, bool transLhs,
-                                                   bool transRhs) {
-  SmallVector<int64_t> a(tensorType(lhs).getShape());
-  SmallVector<int64_t> b(tensorType(rhs).getShape());
-  if (a.size() < 2 || b.size() < 2)
-    return op->emitOpError("operands must have rank >= 2, got ")
-           << a.size() << " and " << b.size();
-  // The shapes the product reads.
-  if (transLhs)
-    std::swap(a[a.size() - 1], a[a.size() - 2]);
-  if (transRhs)
-    std::swap(b[b.size() - 1], b[b.size() - 2]);
-  if (a.back() != b[b.size() - 2])
-    return op->emitOpError("contraction dims differ: lhs ")
-           << shapeStr(a) << " has K = " << a.back() << ", rhs " << shapeStr(b)
-           << " has K = " << b[b.size() - 2];
-  SmallVector<int64_t> shape;
-  if (!OpTrait::util::getBroadcastedShape(ArrayRef<int64_t>(a).drop_back(2),
-                                          ArrayRef<int64_t>(b).drop_back(2),
-                                          shape))
-    return op->emitOpError("batch dims are not broadcast-compatible: ")
-           << shapeStr(a) << " and " << shapeStr(b);
-  shape.push_back(a[a.size() - 2]);
-  shape.push_back(b.back());
-  return shape;
+LogicalResult MatmulOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> location,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &inferred) {
+  RankedTensorType lhs = tensorType(adaptor.getLhs());
+  return inferTensor(matmulShape(lhs.getShape(),
+                                 tensorType(adaptor.getRhs()).getShape(),
+                                 adaptor.getTransposeLhs(),
+                                 adaptor.getTransposeRhs(),
+                                 inferError<MatmulOp>(location)),
+                     lhs.getElementType(), inferred);
 }
 
 LogicalResult MatmulOp::verify() {
   if (failed(verifySameElementType(*this, {getLhs(), getRhs(), getResult()})))
     return failure();
-  auto shape = matmulShape(*this, getLhs(), getRhs(), getTransposeLhs(),
-                           getTransposeRhs());
+  auto shape = matmulShape(tensorType(getLhs()).getShape(),
+                           tensorType(getRhs()).getShape(), getTransposeLhs(),
+                           getTransposeRhs(), opError(*this));
   if (failed(shape))
     return failure();
-  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(*shape))
-    return emitOpError("result shape ")
-           << shapeStr(tensorType(getResult()).getShape()) << " should be "
-           << shapeStr(*shape);
-  return success();
+  return verifyResultShape(*this, getResult(), *shape);
 }
 
 LogicalResult MatmulAccumulateGradOp::verify() {
   if (failed(verifySameElementType(*this, {getLhs(), getRhs()})))
     return failure();
-  return matmulShape(*this, getLhs(), getRhs(), getTransposeLhs(),
-                     getTransposeRhs());
+  return matmulShape(tensorType(getLhs()).getShape(),
+                     tensorType(getRhs()).getShape(), getTransposeLhs(),
+                     getTransposeRhs(), opError(*this));
 }
 
 LogicalResult MatmulAccumulateGradOp::verifySymbolUses(
@@ -211,8 +298,9 @@ LogicalResult MatmulAccumulateGradOp::verifySymbolUses(
     return emitOpError("'") << getName() << "' does not name a model.parameter";
   if (param.getFrozen())
     return emitOpError("parameter '") << getName() << "' is frozen";
-  auto shape = matmulShape(*this, getLhs(), getRhs(), getTransposeLhs(),
-                           getTransposeRhs());
+  auto shape = matmulShape(tensorType(getLhs()).getShape(),
+                           tensorType(getRhs()).getShape(), getTransposeLhs(),
+                           getTransposeRhs(), opError(*this));
   if (failed(shape))
     return failure();
   if (param.getTensorType().getShape() != ArrayRef<int64_t>(*shape))
@@ -222,27 +310,23 @@ LogicalResult MatmulAccumulateGradOp::verifySymbolUses(
   return success();
 }
 
+LogicalResult TransposeOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> location,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &inferred) {
+  RankedTensorType in = tensorType(adaptor.getInput());
+  return inferTensor(transposeShape(in.getShape(), adaptor.getPermutation(),
+                                    inferError<TransposeOp>(location)),
+                     in.getElementType(), inferred);
+}
+
 LogicalResult TransposeOp::verify() {
-  ArrayRef<int64_t> in = tensorType(getInput()).getShape();
-  ArrayRef<int64_t> perm = getPermutation();
-  if (perm.size() != in.size())
-    return emitOpError("permutation has ")
-           << perm.size() << " entries for an input of rank " << in.size();
-  SmallVector<bool> seen(in.size(), false);
-  SmallVector<int64_t> expected;
-  for (int64_t p : perm) {
-    if (p < 0 || p >= (int64_t)in.size() || seen[p])
-      return emitOpError("permutation ") << shapeStr(perm) << " is not a permutation";
-    seen[p] = true;
-    expected.push_back(in[p]);
-  }
-  if (failed(verifySameElementType(*this, {getInput(), getResult()})))
+  auto expected = transposeShape(tensorType(getInput()).getShape(),
+                                 getPermutation(), opError(*this));
+  if (failed(expected) ||
+      failed(verifySameElementType(*this, {getInput(), getResult()})))
     return failure();
-  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(expected))
-    return emitOpError("result shape ")
-           << shapeStr(tensorType(getResult()).getShape()) << " should be "
-           << shapeStr(expected);
-  return success();
+  return verifyResultShape(*this, getResult(), *expected);
 }
 
 Value ReshapeOp::getViewSource() { return getInput(); }

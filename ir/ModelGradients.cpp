@@ -76,11 +76,7 @@ public:
         loc, RankedTensorType::get(shape, type(x).getElementType()), x);
   }
   Value transpose(Value x, ArrayRef<int64_t> perm) {
-    SmallVector<int64_t> shape;
-    for (int64_t p : perm)
-      shape.push_back(type(x).getDimSize(p));
-    return b.create<TransposeOp>(
-        loc, RankedTensorType::get(shape, type(x).getElementType()), x, perm);
+    return b.create<TransposeOp>(loc, x, perm);
   }
   /// Swaps the last two dims.
   Value transposeLast2(Value x) {
@@ -91,16 +87,7 @@ public:
     std::swap(perm[rank - 1], perm[rank - 2]);
     return transpose(x, perm);
   }
-  Value matmul(Value x, Value y) {
-    ArrayRef<int64_t> a = type(x).getShape(), c = type(y).getShape();
-    SmallVector<int64_t> shape;
-    (void)OpTrait::util::getBroadcastedShape(a.drop_back(2), c.drop_back(2),
-                                             shape);
-    shape.push_back(a[a.size() - 2]);
-    shape.push_back(c.back());
-    return b.create<MatmulOp>(
-        loc, RankedTensorType::get(shape, type(x).getElementType()), x, y);
-  }
+  Value matmul(Value x, Value y) { return b.create<MatmulOp>(loc, x, y); }
   /// Sums a gradient of a broadcast result back to an operand's shape.
   Value sumToShape(Value g, RankedTensorType target) {
     ArrayRef<int64_t> gs = type(g).getShape(), ts = target.getShape();

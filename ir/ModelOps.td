@@ -14,6 +14,13 @@ include "ir/GradientInterface.td"
 /// Ops autodiff can differentiate implement buildGradients (ModelGradients.cpp).
 defvar Differentiable = DeclareOpInterfaceMethods<Model_GradientOpInterface>;
 
+/// Ops whose result type follows from their operands and attributes
+/// implement inferReturnTypes (InferTypeOpInterface, ModelDialect.cpp): the
+/// shape rule is written once, the verifier checks the result against it
+/// (with its own diagnostics, before the interface's check), and builders
+/// may omit the result type.
+defvar Inferred = InferTypeOpAdaptor;
+
 def Model_Tensor : StaticShapeTensorOf<[AnyType]>;
 def Model_FloatTensor : StaticShapeTensorOf<[AnyFloat]>;
 def Model_IntTensor : StaticShapeTensorOf<[AnySignlessInteger]>;
@@ -226,7 +233,7 @@ def Model_DropoutOp : Model_Op<"dropout", [Pure, Differentiable,
 // Linear algebra and data movement
 //===----------------------------------------------------------------------===//
 
-def Model_MatmulOp : Model_Op<"matmul", [Pure, Differentiable]> {
+def Model_MatmulOp : Model_Op<"matmul", [Pure, Differentiable, Inferred]> {
   let summary = "batched matrix product with broadcast batch dimensions";
   let description = [{
     Operands have rank >= 2: `[..., M, K] x [..., K, N] -> [..., M, N]`, the
@@ -249,7 +256,8 @@ def Model_MatmulOp : Model_Op<"matmul", [Pure, Differentiable]> {
   let hasVerifier = 1;
 }
 
-def Model_TransposeOp : Model_Op<"transpose", [Pure, Differentiable]> {
+def Model_TransposeOp : Model_Op<"transpose",
+    [Pure, Differentiable, Inferred]> {
   let summary = "permutes dimensions: result dim i is input dim permutation[i]";
   let description = [{
     ```mlir

@@ -807,10 +807,10 @@ struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
       std::swap(perm[rank - 1], perm[rank - 2]);
       bool identity = llvm::equal(perm, llvm::seq<int64_t>(0, rank));
       k = identity ? t.getInput()
-                   : rewriter.create<TransposeOp>(loc, qType, t.getInput(), perm)
+                   : rewriter.create<TransposeOp>(loc, t.getInput(), perm)
                          .getResult();
     } else {
-      k = rewriter.create<TransposeOp>(loc, qType, kt, swap).getResult();
+      k = rewriter.create<TransposeOp>(loc, kt, swap).getResult();
     }
     if (typeOf(k) != qType)
       return failure();
