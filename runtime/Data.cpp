@@ -1,6 +1,7 @@
 //===- Data.cpp - token file and samplers ---------------------------------===//
 
 #include "runtime/Data.h"
+#include "runtime/TokenFileFormat.h"
 
 #include <cerrno>
 #include <cstring>
@@ -43,8 +44,15 @@ uint64_t splitmix64(uint64_t x) {
 
 } // namespace
 
+namespace {
+const char *dtypeName(TokenDtype dtype) {
+  return dtype == TokenDtype::U16 ? "u16" : "u32";
+}
+} // namespace
+
 Expected<TokenFile> TokenFile::open(const std::string &path, TokenDtype dtype,
-                                    int64_t seqLen, int64_t vocabSize) {
+                                    int64_t seqLen, int64_t vocabSize,
+                                    bool dtypeGiven) {
   const char *file = path.c_str();
   int fd = ::open(file, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
@@ -54,45 +62,88 @@ Expected<TokenFile> TokenFile::open(const std::string &path, TokenDtype dtype,
     ::close(fd);
     return errorf("data file '%s' is not a regular file", file);
   }
-  int64_t width = dtype == TokenDtype::U16 ? 2 : 4;
-  const char *dtypeName = dtype == TokenDtype::U16 ? "u16" : "u32";
-  if (st.st_size % width != 0) {
+  void *base = nullptr;
+  if (st.st_size > 0) {
+    base = mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int mapErrno = errno;
+    ::close(fd); // the mapping keeps the file alive
+    if (base == MAP_FAILED)
+      return errorf("cannot map data file '%s': %s", file,
+                    std::strerror(mapErrno));
+  } else {
     ::close(fd);
+  }
+  TokenFile tokens; // unmaps on every return below
+  tokens.base = base;
+  tokens.bytes = st.st_size;
+
+  // A header (`fastllm-opt data`) says the width and the vocabulary; a raw
+  // file is all ids, as wide as --data-dtype says.
+  int64_t headerBytes = 0;
+  if (st.st_size >= int64_t(sizeof(TokenFileHeader)) &&
+      hasTokenFileMagic(base)) {
+    TokenFileHeader h;
+    std::memcpy(&h, base, sizeof(h));
+    headerBytes = sizeof(h);
+    if (h.version != kTokenFileVersion)
+      return errorf("data file '%s' has token file version %u; this runtime "
+                    "reads version %u",
+                    file, h.version, kTokenFileVersion);
+    if (h.bytesPerToken != 2 && h.bytesPerToken != 4)
+      return errorf("data file '%s': its header says %u bytes per token (2 or "
+                    "4 expected)",
+                    file, h.bytesPerToken);
+    TokenDtype fileDtype = h.bytesPerToken == 2 ? TokenDtype::U16
+                                                : TokenDtype::U32;
+    if (dtypeGiven && fileDtype != dtype)
+      return errorf("data file '%s' holds %s ids (its header says so) but "
+                    "--data-dtype is %s; drop the flag",
+                    file, dtypeName(fileDtype), dtypeName(dtype));
+    dtype = fileDtype;
+    if (h.numTokens > uint64_t(st.st_size) / h.bytesPerToken ||
+        int64_t(h.numTokens * h.bytesPerToken) != st.st_size - headerBytes)
+      return errorf("data file '%s' has %lld bytes of ids; its header says "
+                    "%llu tokens of %u bytes (a truncated or appended file?)",
+                    file, (long long)(st.st_size - headerBytes),
+                    (unsigned long long)h.numTokens, h.bytesPerToken);
+    if (h.vocabSize > uint64_t(vocabSize))
+      return errorf("data file '%s' was tokenized with a vocabulary of %llu; "
+                    "the model's is %lld (another tokenizer?)",
+                    file, (unsigned long long)h.vocabSize,
+                    (long long)vocabSize);
+  }
+  int64_t width = dtype == TokenDtype::U16 ? 2 : 4;
+  int64_t idBytes = st.st_size - headerBytes;
+  if (idBytes % width != 0)
     return errorf("data file '%s' has %lld bytes, not a multiple of %lld "
                   "(--data-dtype %s)",
-                  file, (long long)st.st_size, (long long)width, dtypeName);
-  }
-  int64_t n = st.st_size / width;
-  if (n < seqLen + 2) {
-    ::close(fd);
+                  file, (long long)idBytes, (long long)width,
+                  dtypeName(dtype));
+  int64_t n = idBytes / width;
+  if (n < seqLen + 2)
     return errorf("data file '%s' has %lld tokens; seq-len %lld needs at "
                   "least %lld",
                   file, (long long)n, (long long)seqLen,
                   (long long)(seqLen + 2));
-  }
-  void *base = mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  int mapErrno = errno;
-  ::close(fd); // the mapping keeps the file alive
-  if (base == MAP_FAILED)
-    return errorf("cannot map data file '%s': %s", file,
-                  std::strerror(mapErrno));
-
-  TokenFile tokens;
-  tokens.base = base;
-  tokens.bytes = st.st_size;
+  tokens.ids = static_cast<const char *>(base) + headerBytes;
   tokens.dtype = dtype;
   tokens.numTokens = n;
   int64_t bad =
       dtype == TokenDtype::U16
-          ? firstIdAtLeast(static_cast<const uint16_t *>(base), n, vocabSize)
-          : firstIdAtLeast(static_cast<const uint32_t *>(base), n, vocabSize);
+          ? firstIdAtLeast(static_cast<const uint16_t *>(tokens.ids), n,
+                           vocabSize)
+          : firstIdAtLeast(static_cast<const uint32_t *>(tokens.ids), n,
+                           vocabSize);
   if (bad < n) {
     int64_t id;
     tokens.read(bad, 1, &id);
     return errorf("data file '%s': token %lld at position %lld is not below "
-                  "the vocabulary size %lld (is --data-dtype %s right?)",
+                  "the vocabulary size %lld%s",
                   file, (long long)id, (long long)bad, (long long)vocabSize,
-                  dtypeName);
+                  headerBytes ? ""
+                  : dtype == TokenDtype::U16
+                      ? " (is --data-dtype u16 right?)"
+                      : " (is --data-dtype u32 right?)");
   }
   return tokens;
 }
@@ -101,6 +152,7 @@ TokenFile::TokenFile(TokenFile &&other) noexcept { *this = std::move(other); }
 
 TokenFile &TokenFile::operator=(TokenFile &&other) noexcept {
   std::swap(base, other.base);
+  std::swap(ids, other.ids);
   std::swap(bytes, other.bytes);
   std::swap(dtype, other.dtype);
   std::swap(numTokens, other.numTokens);
@@ -114,9 +166,9 @@ TokenFile::~TokenFile() {
 
 void TokenFile::read(int64_t begin, int64_t count, int64_t *out) const {
   if (dtype == TokenDtype::U16)
-    widen(static_cast<const uint16_t *>(base), begin, count, out);
+    widen(static_cast<const uint16_t *>(ids), begin, count, out);
   else
-    widen(static_cast<const uint32_t *>(base), begin, count, out);
+    widen(static_cast<const uint32_t *>(ids), begin, count, out);
 }
 
 Sampler::Sampler(SamplerKind kind, uint64_t seed, int64_t numTokens,

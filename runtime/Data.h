@@ -1,6 +1,7 @@
 //===- Data.h - token file and samplers -------------------------*- C++ -*-===//
 //
-// The training data is one flat file of little-endian token ids. It is
+// The training data is one file of little-endian token ids, after the header
+// `fastllm-opt data` writes (runtime/TokenFileFormat.h) or raw. It is
 // memory-mapped (corpora are larger than memory is worth spending on them) and
 // checked once at startup, so that a bad id fails the launch with its position
 // instead of indexing out of the embedding table hours into a run.
@@ -28,12 +29,16 @@ enum class SamplerKind { Sequential, Random };
 /// A read-only memory map of a token file.
 class TokenFile {
 public:
-  /// Maps `path` and validates it: a regular file whose size is a multiple of
-  /// the dtype's, with at least seqLen + 2 tokens (one sample and its shifted
-  /// targets, with the sequential formula's modulus >= 1) and every id below
-  /// vocabSize.
+  /// Maps `path` and validates it: a regular file whose ids (after its
+  /// header, if it has one) are a multiple of the dtype's size, with at least
+  /// seqLen + 2 tokens (one sample and its shifted targets, with the
+  /// sequential formula's modulus >= 1) and every id below vocabSize. A
+  /// header's width wins over `dtype` unless `dtypeGiven` (the user's
+  /// --data-dtype), which must then agree; its vocabulary must not exceed
+  /// the model's.
   static Expected<TokenFile> open(const std::string &path, TokenDtype dtype,
-                                  int64_t seqLen, int64_t vocabSize);
+                                  int64_t seqLen, int64_t vocabSize,
+                                  bool dtypeGiven = false);
 
   TokenFile(TokenFile &&other) noexcept;
   TokenFile &operator=(TokenFile &&other) noexcept;
@@ -47,7 +52,8 @@ public:
 
 private:
   TokenFile() = default;
-  const void *base = nullptr;
+  const void *base = nullptr; ///< the mapping
+  const void *ids = nullptr;  ///< the first id, after any header
   size_t bytes = 0;
   TokenDtype dtype = TokenDtype::U16;
   int64_t numTokens = 0;

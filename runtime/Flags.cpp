@@ -96,13 +96,17 @@ Status checkInputName(const char *flag, const std::string &v,
 constexpr double kInf = INFINITY;
 
 const Flag kFlags[] = {
-    {"data", "FILE", nullptr, "token file: flat little-endian token ids",
+    {"data", "FILE", nullptr,
+     "token file: `fastllm-opt data`'s output, or raw little-endian ids",
      [](Options &o, const char *, const std::string &v, const PlanInfo &) {
        o.dataPath = v;
        return Status();
      }},
-    {"data-dtype", "u16|u32", "u16", "width of the token ids in --data",
+    {"data-dtype", "u16|u32", "u16",
+     "width of the token ids in a raw --data file (a file with a header says "
+     "its own; the flag must then agree)",
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
+       o.dataDtypeGiven = true;
        return parseEnum(f, v,
                         {{"u16", TokenDtype::U16}, {"u32", TokenDtype::U32}},
                         o.dataDtype);

@@ -22,6 +22,7 @@ namespace fastllm::rt {
 struct Options {
   std::string dataPath;
   TokenDtype dataDtype = TokenDtype::U16;
+  bool dataDtypeGiven = false; ///< --data-dtype was on the command line
   int64_t steps = 0;
   double lr = 0;
   AdamWConfig adamw;

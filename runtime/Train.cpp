@@ -202,8 +202,9 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     log = nullptr;
   comm.setTimeout(opts.collectiveTimeout);
   comm.setStep(0);
-  Expected<TokenFile> data = TokenFile::open(opts.dataPath, opts.dataDtype,
-                                             plan.seqLen, plan.vocabSize);
+  Expected<TokenFile> data =
+      TokenFile::open(opts.dataPath, opts.dataDtype, plan.seqLen,
+                      plan.vocabSize, opts.dataDtypeGiven);
   if (!data)
     return data.status();
   // Where the run will write, before anything is loaded or computed.

@@ -9,6 +9,7 @@
 #include "TestUtil.h"
 
 #include "runtime/Data.h"
+#include "runtime/TokenFileFormat.h"
 
 #include <gtest/gtest.h>
 
@@ -168,6 +169,76 @@ TEST(Data, RejectsTheFirstTokenOutsideTheVocabulary) {
                 "': token 50 at position 77777 is not below the vocabulary "
                 "size 50 (is --data-dtype u16 right?)");
   EXPECT_TRUE(TokenFile::open(dir.file("t.u16"), TokenDtype::U16, 8, 61).ok());
+}
+
+/// A file as `fastllm-opt data` writes it: the header, then the ids.
+template <typename T>
+std::string headered(const std::vector<T> &ids, uint64_t vocab,
+                     uint64_t count) {
+  TokenFileHeader h = makeTokenFileHeader(sizeof(T), vocab, count);
+  std::string bytes(reinterpret_cast<const char *>(&h), sizeof(h));
+  bytes.append(reinterpret_cast<const char *>(ids.data()),
+               ids.size() * sizeof(T));
+  return bytes;
+}
+
+TEST(Data, AHeaderSaysTheWidthAndTheVocabulary) {
+  TempDir dir;
+  std::vector<uint32_t> ids = {70000, 1, 2, 3, 4, 5};
+  std::string path = dir.file("t.tok");
+  writeBytes(path, headered(ids, 70001, ids.size()));
+  // The header's u32 wins over the default u16 when the flag is not given.
+  Expected<TokenFile> data = TokenFile::open(path, TokenDtype::U16, 3, 70001);
+  ASSERT_TRUE(data.ok()) << data.status().message();
+  EXPECT_EQ(data->size(), 6);
+  int64_t out[3];
+  data->read(0, 3, out);
+  EXPECT_EQ(out[0], 70000);
+  EXPECT_EQ(out[2], 2);
+  // Given and agreeing is fine.
+  EXPECT_TRUE(TokenFile::open(path, TokenDtype::U32, 3, 70001, true).ok());
+  // Given and disagreeing is refused, and so is a larger vocabulary than the
+  // model's, even when every id happens to fit.
+  Expected<TokenFile> u16 = TokenFile::open(path, TokenDtype::U16, 3, 70001,
+                                            /*dtypeGiven=*/true);
+  ASSERT_FALSE(u16.ok());
+  EXPECT_EQ(u16.status().message(),
+            "data file '" + path +
+                "' holds u32 ids (its header says so) but --data-dtype is "
+                "u16; drop the flag");
+  EXPECT_EQ(openError(path, TokenDtype::U16, 3, 70000),
+            "data file '" + path +
+                "' was tokenized with a vocabulary of 70001; the model's is "
+                "70000 (another tokenizer?)");
+}
+
+TEST(Data, RejectsHeadersThatDoNotFitTheFile) {
+  TempDir dir;
+  std::vector<uint16_t> ids = iota16(20);
+  std::string truncated = dir.file("truncated.tok");
+  writeBytes(truncated, headered(ids, 1000, 21));
+  EXPECT_EQ(openError(truncated, TokenDtype::U16, 3, 1000),
+            "data file '" + truncated +
+                "' has 40 bytes of ids; its header says 21 tokens of 2 bytes "
+                "(a truncated or appended file?)");
+  std::string huge = dir.file("huge.tok");
+  writeBytes(huge, headered(ids, 1000, uint64_t(1) << 63));
+  EXPECT_NE(openError(huge, TokenDtype::U16, 3, 1000).find("its header says"),
+            std::string::npos);
+  std::string later = dir.file("v2.tok");
+  std::string bytes = headered(ids, 1000, 20);
+  bytes[8] = 2; // version 2
+  writeBytes(later, bytes);
+  EXPECT_EQ(openError(later, TokenDtype::U16, 3, 1000),
+            "data file '" + later +
+                "' has token file version 2; this runtime reads version 1");
+  std::string wide = dir.file("wide.tok");
+  bytes = headered(ids, 1000, 20);
+  bytes[12] = 8; // 8 bytes per token
+  writeBytes(wide, bytes);
+  EXPECT_EQ(openError(wide, TokenDtype::U16, 3, 1000),
+            "data file '" + wide +
+                "': its header says 8 bytes per token (2 or 4 expected)");
 }
 
 } // namespace
