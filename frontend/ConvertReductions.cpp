@@ -38,17 +38,7 @@ static LogicalResult convertReduce(NodeImporter &n) {
     for (size_t i = 0; i < in.size(); ++i)
       dims.push_back(i);
   }
-  SmallVector<int64_t> shape;
-  for (auto [i, d] : llvm::enumerate(in)) {
-    if (!llvm::is_contained(dims, (int64_t)i))
-      shape.push_back(d);
-    else if (keepDims)
-      shape.push_back(1);
-  }
-  auto op = n.getBuilder().create<OpTy>(
-      n.getLoc(), tensorOf(shape, n.inputType(0).getElementType()),
-      n.operand(0), dims, keepDims);
-  n.setOutput(0, op.getResult());
+  n.setOutput(0, n.createInferred<OpTy>(n.operand(0), dims, keepDims));
   return success();
 }
 

@@ -177,6 +177,30 @@ matmulShape(ArrayRef<int64_t> lhs, ArrayRef<int64_t> rhs, bool transLhs,
   return shape;
 }
 
+/// `in` without `dims` (sorted, distinct, in range), or with them as size-1
+/// dims when `keepDims`.
+static FailureOr<SmallVector<int64_t>> reduceShape(ArrayRef<int64_t> in,
+                                                   ArrayRef<int64_t> dims,
+                                                   bool keepDims,
+                                                   ShapeErrorFn emitError) {
+  int64_t prev = -1;
+  for (int64_t d : dims) {
+    if (failed(checkDim(d, in.size(), emitError)))
+      return failure();
+    if (d <= prev)
+      return report(emitError) << "dims must be sorted and distinct";
+    prev = d;
+  }
+  SmallVector<int64_t> shape;
+  for (int64_t i = 0; i < (int64_t)in.size(); ++i) {
+    if (!llvm::is_contained(dims, i))
+      shape.push_back(in[i]);
+    else if (keepDims)
+      shape.push_back(1);
+  }
+  return shape;
+}
+
 /// Result dim i is input dim permutation[i].
 static FailureOr<SmallVector<int64_t>>
 transposeShape(ArrayRef<int64_t> in, ArrayRef<int64_t> perm,
@@ -522,30 +546,43 @@ LogicalResult DropoutOp::verify() {
 //===----------------------------------------------------------------------===//
 
 template <typename ReduceOp>
+static LogicalResult inferReduce(std::optional<Location> location,
+                                 typename ReduceOp::Adaptor adaptor,
+                                 SmallVectorImpl<Type> &inferred) {
+  RankedTensorType in = tensorType(adaptor.getInput());
+  return inferTensor(reduceShape(in.getShape(), adaptor.getDims(),
+                                 adaptor.getKeepDims(),
+                                 inferError<ReduceOp>(location)),
+                     in.getElementType(), inferred);
+}
+
+template <typename ReduceOp>
 static LogicalResult verifyReduce(ReduceOp op) {
-  ArrayRef<int64_t> in = tensorType(op.getInput()).getShape();
-  SmallVector<int64_t> expected;
-  int64_t prev = -1;
-  for (int64_t d : op.getDims()) {
-    if (failed(verifyDim(op, d, in.size())))
-      return failure();
-    if (d <= prev)
-      return op.emitOpError("dims must be sorted and distinct");
-    prev = d;
-  }
-  for (int64_t i = 0; i < (int64_t)in.size(); ++i) {
-    if (!llvm::is_contained(op.getDims(), i))
-      expected.push_back(in[i]);
-    else if (op.getKeepDims())
-      expected.push_back(1);
-  }
-  if (failed(verifySameElementType(op, {op.getInput(), op.getResult()})))
+  auto expected = reduceShape(tensorType(op.getInput()).getShape(),
+                              op.getDims(), op.getKeepDims(), opError(op));
+  if (failed(expected) ||
+      failed(verifySameElementType(op, {op.getInput(), op.getResult()})))
     return failure();
-  if (tensorType(op.getResult()).getShape() != ArrayRef<int64_t>(expected))
-    return op.emitOpError("result shape ")
-           << shapeStr(tensorType(op.getResult()).getShape()) << " should be "
-           << shapeStr(expected);
-  return success();
+  return verifyResultShape(op, op.getResult(), *expected);
+}
+
+LogicalResult ReduceSumOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> location,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &inferred) {
+  return inferReduce<ReduceSumOp>(location, adaptor, inferred);
+}
+LogicalResult ReduceMeanOp::inferReturnTypes(MLIRContext *,
+                                             std::optional<Location> location,
+                                             Adaptor adaptor,
+                                             SmallVectorImpl<Type> &inferred) {
+  return inferReduce<ReduceMeanOp>(location, adaptor, inferred);
+}
+LogicalResult ReduceMaxOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> location,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &inferred) {
+  return inferReduce<ReduceMaxOp>(location, adaptor, inferred);
 }
 
 LogicalResult ReduceSumOp::verify() { return verifyReduce(*this); }

@@ -94,18 +94,13 @@ public:
     if (gs == ts)
       return g;
     size_t lead = gs.size() - ts.size();
-    SmallVector<int64_t> dims, kept;
-    for (size_t i = 0; i < gs.size(); ++i) {
+    SmallVector<int64_t> dims;
+    for (size_t i = 0; i < gs.size(); ++i)
       if (i < lead || (ts[i - lead] == 1 && gs[i] != 1))
         dims.push_back(i);
-      else
-        kept.push_back(gs[i]);
-    }
     Value summed = g;
     if (!dims.empty())
-      summed = b.create<ReduceSumOp>(
-          loc, RankedTensorType::get(kept, target.getElementType()), g, dims,
-          /*keep_dims=*/false);
+      summed = b.create<ReduceSumOp>(loc, g, dims, /*keep_dims=*/false);
     return reshape(summed, ts);
   }
   /// Broadcasts a reduced gradient back over the reduced dims.
@@ -518,9 +513,8 @@ LogicalResult ReduceMaxOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   SmallVector<int64_t> kept(in.getShape());
   for (int64_t d : getDims())
     kept[d] = 1;
-  Value count = b.create<ReduceSumOp>(
-      getLoc(), RankedTensorType::get(kept, in.getElementType()), ones,
-      getDims(), /*keep_dims=*/true);
+  Value count = b.create<ReduceSumOp>(getLoc(), ones, getDims(),
+                                     /*keep_dims=*/true);
   Value share = gb.div(gb.reshape(rg[0], kept), count);
   og[0] = gb.mul(ones, share);
   return success();

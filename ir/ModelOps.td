@@ -385,7 +385,8 @@ def Model_CastOp : Model_Op<"cast", [Pure, Model_Pointwise, Differentiable]> {
 // Reductions and normalisation
 //===----------------------------------------------------------------------===//
 
-class Model_ReduceOp<string mnemonic> : Model_Op<mnemonic, [Pure, Differentiable]> {
+class Model_ReduceOp<string mnemonic>
+    : Model_Op<mnemonic, [Pure, Differentiable, Inferred]> {
   let arguments = (ins Model_Tensor:$input, DenseI64ArrayAttr:$dims,
                        UnitAttr:$keep_dims);
   let results = (outs Model_Tensor:$result);
