@@ -18,6 +18,9 @@ namespace mlir::fastllm {
 /// `fastllm-opt compile ...` (argv[0] is the subcommand's name).
 int compileMain(int argc, char **argv);
 
+/// `fastllm-opt data ...`: text to a token file (tools/Data.cpp).
+int dataMain(int argc, char **argv);
+
 /// What `--version` prints: the project's version and commit, and LLVM's.
 void printVersion(llvm::raw_ostream &os);
 

@@ -1,8 +1,9 @@
 //===- fastllm-opt.cpp - the fastllm-opt driver ---------------------------===//
 //
-// One binary, four modes:
+// One binary, five modes:
 //   fastllm-opt import MODEL.onnx [--bind-dim N=V]... [-o FILE]   ONNX -> MLIR
 //   fastllm-opt compile MODEL -o DIR ...                 the training program
+//   fastllm-opt data TEXT... -o TOKENS                     text -> token file
 //   fastllm-opt translate --fastllm-to-cpu PLANNED.mlir       MLIR -> C++
 //   fastllm-opt [opt flags] INPUT.mlir                            mlir-opt mode
 // The opt mode is MLIR's MlirOptMain with only our dialects and passes; the
@@ -175,6 +176,11 @@ int main(int argc, char **argv) {
     argv[1] = name.data();
     return fastllm::compileMain(argc - 1, argv + 1);
   }
+  if (argc > 1 && StringRef(argv[1]) == "data") {
+    std::string name = std::string(argv[0]) + " data";
+    argv[1] = name.data();
+    return fastllm::dataMain(argc - 1, argv + 1);
+  }
   if (argc > 1 && StringRef(argv[1]) == "translate") {
     std::string name = std::string(argv[0]) + " translate";
     argv[1] = name.data();
@@ -202,6 +208,8 @@ int main(int argc, char **argv) {
       "      import an ONNX model (see `fastllm-opt import --help`)\n"
       "  fastllm-opt compile MODEL -o DIR --batch-size B --seq-len T\n"
       "      build the training program (see `fastllm-opt compile --help`)\n"
+      "  fastllm-opt data TEXT... -o TOKENS [--jsonl-field NAME]\n"
+      "      text to a token file for `train --data` (`data --help`)\n"
       "  fastllm-opt translate --fastllm-to-cpu|--fastllm-to-cuda PLANNED.mlir\n"
       "      print the step's C++ of a planned module (`translate --help`)\n"
       "  fastllm-opt [options] INPUT.mlir\n"
