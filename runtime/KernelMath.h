@@ -4,13 +4,14 @@
 // the scalar approximations of exp, tanh, erf and the activations built on
 // them (host and device functions, so a CUDA kernel computes what the CPU
 // does, up to the contraction of a*b + c into one fused multiply-add), and
-// the shape rule that collapses an elementwise iteration.
+// the NaN-propagating max of the row kernels. The shape rules are
+// runtime/KernelPlans.h's.
 //
 // std::exp, std::tanh and std::erf are opaque library calls, so a CPU loop
 // that uses them stays scalar unless a vector math library is configured.
 // These versions are plain arithmetic and selects: loops calling them
 // vectorize with any flags. Each is within a few ulp of the libm function
-// (runtime/cpu/KernelsTest.cpp checks the bounds), as close as ATen's own
+// (runtime/cpu/test/MathTest.cpp checks the bounds), as close as ATen's own
 // vectorized versions come. NaN and +-inf behave as in libm; the selects are
 // spelled out because std::min, std::max and std::numeric_limits are
 // host-only functions in CUDA.
@@ -20,11 +21,10 @@
 #ifndef FASTLLM_RUNTIME_KERNELMATH_H
 #define FASTLLM_RUNTIME_KERNELMATH_H
 
-#include "runtime/ModelABI.h"
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 /// Host and device under nvcc; a plain function for the host compiler.
 #if defined(__CUDACC__)
@@ -159,32 +159,17 @@ FASTLLM_HOST_DEVICE inline float geluGrad(float x, float g, bool tanhApprox) {
 
 namespace detail {
 
-/// Drops the size-1 dims of `shape` and merges each dim into the one before
-/// when every operand steps through the pair as through one dim (a
-/// contiguous output always does). Updates shape and strides in place and
-/// returns the new rank. Both kernel libraries use it, so both targets
-/// see the same collapsed iteration.
-inline int collapseDims(int rank, int64_t *shape, int numOperands,
-                        int64_t (*strides)[kMaxRank]) {
-  int r = 0;
-  for (int d = 0; d < rank; ++d) {
-    if (shape[d] == 1)
-      continue;
-    bool merge = r > 0;
-    for (int k = 0; merge && k < numOperands; ++k)
-      merge = strides[k][r - 1] == strides[k][d] * shape[d];
-    if (merge) {
-      shape[r - 1] *= shape[d];
-      for (int k = 0; k < numOperands; ++k)
-        strides[k][r - 1] = strides[k][d];
-      continue;
-    }
-    shape[r] = shape[d];
-    for (int k = 0; k < numOperands; ++k)
-      strides[k][r] = strides[k][d];
-    ++r;
-  }
-  return r;
+/// max(acc, x) that returns NaN once either is NaN, as torch.max does.
+template <typename T> FASTLLM_HOST_DEVICE T maxNan(T acc, T x) {
+  return (x > acc || x != x) ? x : acc;
+}
+
+/// The identity of max: -inf where T has it, else T's lowest value (host
+/// only, as std::numeric_limits).
+template <typename T> T lowest() {
+  return std::numeric_limits<T>::has_infinity
+             ? -std::numeric_limits<T>::infinity()
+             : std::numeric_limits<T>::lowest();
 }
 
 } // namespace detail

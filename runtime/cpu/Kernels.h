@@ -2,8 +2,10 @@
 //
 // The kernel library behind the CPU target: `fastllm-opt` emits one C++ call
 // per op (or per fused chain of elementwise ops) with shapes known at compile
-// time. Every buffer is row-major, contiguous and preallocated by the caller;
-// an output never aliases an input unless a kernel says so.
+// time. Its API is the kernel contract both targets share, declared once in
+// runtime/KernelApi.inc (included below), with the scalar math of
+// runtime/KernelMath.h and the shape rules of runtime/KernelPlans.h. Every
+// pointer is a host pointer.
 //
 // Threading is OpenMP only. OpenBLAS is kept single-threaded and matmul splits
 // its work over the OpenMP team itself, so that two thread pools never spin
@@ -11,9 +13,11 @@
 // element in an order fixed by the shapes alone, so results do not depend on
 // the number of threads.
 //
-// Templates that take a caller's lambda (elementwise) or are trivial live
-// here; the rest are defined in Kernels.cpp and explicitly instantiated for
-// the element types listed beside each declaration.
+// elementwise (which takes a caller's lambda), dropout, and the trivial
+// fill, copy and addInto are defined here; the rest are defined in
+// runtime/cpu/kernels/, one source per op family, and explicitly instantiated
+// there for the element types runtime/KernelApi.inc lists (the floating
+// kernels for float only).
 //
 // Generated code should be compiled like this library (-O2 or better,
 // -fopenmp, -march=native -mprefer-vector-width=512): the fused elementwise
@@ -39,6 +43,7 @@
 #endif
 
 #include "runtime/KernelMath.h"
+#include "runtime/KernelPlans.h"
 #include "runtime/Philox.h"
 
 namespace fastllm::rt::cpu {
@@ -109,24 +114,24 @@ using ::fastllm::rt::geluGrad;
 using ::fastllm::rt::sigmoid;
 using ::fastllm::rt::silu;
 
+namespace detail {
+using ::fastllm::rt::detail::collapseDims;
+using ::fastllm::rt::detail::makeElementwiseLayout;
+using ::fastllm::rt::detail::NoDeduce;
+} // namespace detail
+
+// In, ReduceKind, Reduction and every kernel's declaration.
+#include "runtime/KernelApi.inc"
+
 //===----------------------------------------------------------------------===//
 // Elementwise with broadcasting
 //===----------------------------------------------------------------------===//
-
-/// One input of elementwise: `strides` (in elements) step through the
-/// input for each dim of the output; 0 broadcasts the input along that dim.
-template <typename T> struct In {
-  const T *data;
-  const int64_t *strides;
-};
 
 namespace detail {
 
 /// Elements per innermost block in elementwise: small enough that a few
 /// block buffers per operand stay in L1.
 inline constexpr int64_t kBlock = 512;
-
-using ::fastllm::rt::detail::collapseDims;
 
 /// Presents one input of elementwise as a contiguous array per block, so that
 /// the loop calling the lambda is a single unit-stride loop whatever the
@@ -206,109 +211,39 @@ void elementwiseBlocks(Out *out, F &f, int rank, const int64_t *shape,
 
 } // namespace detail
 
-/// out[i] = f(in0[i·s0], in1[i·s1], ...) over the output's multi-index i,
-/// for every unary/binary/select/compare/cast op and fused chains of them.
-/// `out` is contiguous with `shape`; rank may be 0 (a scalar). `out` may be
-/// one of the inputs when that input is contiguous with the output's shape.
-/// `f` is called from several threads at once, so it must not keep state.
-///
-/// Dims that every operand walks contiguously (or broadcasts) are merged
-/// first. Inputs with unit or zero stride along the merged innermost dim cost
-/// nothing extra; any other input is gathered element by element, which is
-/// slow for large strides: a genuinely transposed operand is better served
-/// by `transpose`, which copies tiles.
+/// runtime/KernelApi.inc's elementwise on the CPU: `f` is called from
+/// several threads at once. The collapsed iteration runs in blocks of
+/// detail::kBlock innermost elements. Inputs with unit or zero stride along
+/// the merged innermost dim cost nothing extra; any other input is gathered
+/// element by element, which is slow for large strides: a genuinely
+/// transposed operand is better served by `transpose`, which copies tiles.
 template <typename Out, typename F, typename... T>
 void elementwise(Out *out, int rank, const int64_t *shape, F f, In<T>... ins) {
   constexpr int kNumIn = sizeof...(T);
   assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
-  int64_t dims[kMaxRank];
-  int64_t strides[kNumIn + 1][kMaxRank];
   const int64_t *inStrides[kNumIn + 1] = {ins.strides...};
-  int64_t total = 1;
-  for (int d = 0; d < rank; ++d) {
-    dims[d] = shape[d];
-    total *= shape[d];
-    for (int k = 0; k < kNumIn; ++k)
-      strides[k][d] = inStrides[k][d];
-  }
-  if (total == 0)
+  const auto layout =
+      detail::makeElementwiseLayout<kNumIn>(rank, shape, inStrides);
+  if (layout.total == 0)
     return;
-  int r = detail::collapseDims(rank, dims, kNumIn, strides);
+  const int r = layout.rank;
   if (r == 0) {
     out[0] = static_cast<Out>(f(ins.data[0]...));
     return;
   }
   const int64_t blocksPerRow =
-      (dims[r - 1] + detail::kBlock - 1) / detail::kBlock;
-  const int64_t numBlocks = total / dims[r - 1] * blocksPerRow;
-  parallelFor(numBlocks, total, [&](int64_t begin, int64_t end) {
-    detail::elementwiseBlocks(out, f, r, dims, strides, blocksPerRow, begin,
-                              end, std::index_sequence_for<T...>{}, ins...);
+      (layout.shape[r - 1] + detail::kBlock - 1) / detail::kBlock;
+  const int64_t numBlocks = layout.total / layout.shape[r - 1] * blocksPerRow;
+  parallelFor(numBlocks, layout.total, [&](int64_t begin, int64_t end) {
+    detail::elementwiseBlocks(out, f, r, layout.shape, layout.strides,
+                              blocksPerRow, begin, end,
+                              std::index_sequence_for<T...>{}, ins...);
   });
 }
 
 //===----------------------------------------------------------------------===//
-// Matmul
+// Fill, copy, addInto
 //===----------------------------------------------------------------------===//
-
-/// Batched C = op(A) @ op(B), with C contiguous [batch..., m, n]. For each
-/// batch multi-index idx (row-major over batchShape) the matrix of A starts at
-/// a + Σ idx·aBatchStrides and is [m, k] ([k, m] when transA), row-major;
-/// likewise B is [k, n] ([n, k] when transB). A zero batch stride broadcasts.
-void matmul(float *c, const float *a, const float *b, int batchRank,
-            const int64_t *batchShape, const int64_t *aBatchStrides,
-            const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
-            bool transA, bool transB);
-
-/// acc += op(A) @ op(B): matmul's product (same arguments) added into acc,
-/// a gradient buffer, in one GEMM.
-void addMatmul(float *acc, const float *a, const float *b, int batchRank,
-               const int64_t *batchShape, const int64_t *aBatchStrides,
-               const int64_t *bBatchStrides, int64_t m, int64_t n, int64_t k,
-               bool transA, bool transB);
-
-//===----------------------------------------------------------------------===//
-// Data movement
-//===----------------------------------------------------------------------===//
-//
-// Defined for T in float, double, bool, int8_t, uint8_t, int16_t, uint16_t,
-// int32_t and int64_t; Idx in int32_t and int64_t.
-
-/// out dim i = in dim perm[i].
-template <typename T>
-void transpose(T *out, const T *in, int rank, const int64_t *inShape,
-               const int64_t *perm);
-
-/// out[i] = in[start + i·stride] per dim; `start` holds in-range first
-/// indices and `stride` may be negative.
-template <typename T>
-void slice(T *out, const T *in, int rank, const int64_t *inShape,
-           const int64_t *start, const int64_t *stride,
-           const int64_t *outShape);
-
-/// The gradient of slice: zeroes din ([inShape]) and writes dout at the slice.
-template <typename T>
-void sliceGrad(T *din, const T *dout, int rank, const int64_t *inShape,
-               const int64_t *start, const int64_t *stride,
-               const int64_t *outShape);
-
-/// Concatenates along the middle dim: input i is [outer, sizes[i], inner],
-/// out is [outer, Σ sizes, inner].
-template <typename T>
-void concat(T *out, int numInputs, const T *const *ins, const int64_t *sizes,
-            int64_t outer, int64_t inner);
-
-/// out[o][j][i] = in[o][idx[j]][i] with in [outer, dimSize, inner]; a
-/// negative index counts from the end.
-template <typename T, typename Idx>
-void gather(T *out, const T *in, const Idx *idx, int64_t outer, int64_t dimSize,
-            int64_t numIdx, int64_t inner);
-
-/// The gradient of gather: din = 0, then din[o][idx[j]][i] += dout[o][j][i],
-/// adding repeated indices in order of j. T is float or double.
-template <typename T, typename Idx>
-void gatherGrad(T *din, const T *dout, const Idx *idx, int64_t outer,
-                int64_t dimSize, int64_t numIdx, int64_t inner);
 
 template <typename T> void fill(T *out, int64_t n, T value) {
   parallelFor(n, n, [&](int64_t begin, int64_t end) {
@@ -379,14 +314,9 @@ inline void dropoutWordsBlock(uint32_t *words, uint64_t seed, int64_t step,
 
 } // namespace detail
 
-/// out[i] = keep ? in[i] * scale : 0 over n elements, viewed as n / perSample
-/// samples of perSample elements; row r is global sample firstSample + r.
-/// keep is the Philox word of (seed, step, sample, site, index within the
-/// sample) >= threshold (runtime/Philox.h's dropoutWords): a pure function of
-/// the element's place, so the backward (the same call on the gradient)
-/// regenerates the mask. `in` is one element read for all when
-/// `splatInput`. Work is split in blocks of 64 elements of one sample (16
-/// Philox calls, made together so that they vectorize).
+/// runtime/KernelApi.inc's dropout on the CPU: work is split in blocks of
+/// 64 elements of one sample (16 Philox calls, made together so that they
+/// vectorize).
 template <typename T>
 void dropout(T *out, const T *in, bool splatInput, int64_t n,
              int64_t perSample, uint32_t site, uint32_t threshold, float scale,
@@ -416,115 +346,6 @@ void dropout(T *out, const T *in, bool splatInput, int64_t n,
     }
   });
 }
-
-//===----------------------------------------------------------------------===//
-// Reductions, softmax, normalisation
-//===----------------------------------------------------------------------===//
-
-enum class ReduceKind { Sum, Mean, Max };
-
-/// Reduces the dims flagged in `reducedDims`; out holds the kept dims in
-/// order (keepdims or not, the memory is the same). Floats accumulate sums
-/// in double, integers in int64_t; Max propagates NaN. Reducing an empty dim
-/// gives 0 (Sum), NaN (Mean) or the lowest value (Max). T is float, double,
-/// int32_t or int64_t.
-template <typename T>
-void reduce(T *out, const T *in, int rank, const int64_t *shape,
-            const bool *reducedDims, ReduceKind kind);
-
-/// Softmax (or log-softmax) of x viewed as [outer, n, inner] along n. Entries
-/// of -inf get probability 0; a slice that is all -inf gives NaN, as in
-/// PyTorch.
-void softmax(float *y, const float *x, int64_t outer, int64_t n, int64_t inner,
-             bool log);
-
-/// Given y = softmax(x) (or log_softmax(x)) and dy, dx = y·(dy - Σ dy·y)
-/// (or dy - e^y·Σ dy).
-void softmaxGrad(float *dx, const float *y, const float *dy, int64_t outer,
-                 int64_t n, int64_t inner, bool log);
-
-/// y = (x - mean)/√(var + eps)·scale + bias over rows of `cols`, with the
-/// biased variance as in PyTorch; bias may be null.
-void layerNorm(float *y, const float *x, const float *scale, const float *bias,
-               int64_t rows, int64_t cols, float eps);
-
-/// The gradient of layerNorm; mean and variance are recomputed from x.
-/// dscale and dbias (nullable) are overwritten with sums over rows.
-void layerNormGrad(float *dx, float *dscale, float *dbias, const float *x,
-                   const float *scale, const float *dy, int64_t rows,
-                   int64_t cols, float eps);
-
-/// y = x/√(mean(x²) + eps)·scale over rows of `cols`.
-void rmsNorm(float *y, const float *x, const float *scale, int64_t rows,
-             int64_t cols, float eps);
-
-/// The gradient of rmsNorm; dscale is overwritten with its sum over rows.
-void rmsNormGrad(float *dx, float *dscale, const float *x, const float *scale,
-                 const float *dy, int64_t rows, int64_t cols, float eps);
-
-//===----------------------------------------------------------------------===//
-// Attention
-//===----------------------------------------------------------------------===//
-//
-// Fused causal self-attention: the same values as the unfused chain
-//   scores = (q @ kᵀ)·scale; scores.masked_fill(j > i, -inf);
-//   p = softmax(scores, -1); out = p @ v
-// and its autograd gradients, without the [t, t] scores in memory: each
-// thread holds the scores of one block of query rows against the keys up to
-// the diagonal, and blocks above the diagonal are never computed.
-
-/// Causal attention over `batch` independent (batch x heads) problems:
-/// O = softmax(scale * Q K^T, masked so that query i sees keys j <= i) V,
-/// with q, k: [batch, t, d], v: [batch, t, dv], out: [batch, t, dv], and
-/// lse: [batch, t] = the log-sum-exp of each masked, scaled score row (saved
-/// for the backward). Never materialises more than a block of the t x t
-/// scores per thread.
-void causalAttention(float *out, float *lse, const float *q, const float *k,
-                     const float *v, int64_t batch, int64_t t, int64_t d,
-                     int64_t dv, float scale);
-
-/// Gradients of causalAttention: dQ, dK: [batch, t, d], dV: [batch, t, dv]
-/// (overwritten), from q, k, v, the forward's out and lse, and dout. With
-/// D_i = Σ dout_i·out_i and P recomputed from q, k and lse: dV = Pᵀ dout,
-/// dS = P∘(dout vᵀ - D), dQ = scale·dS k, dK = scale·dSᵀ q.
-void causalAttentionGrad(float *dQ, float *dK, float *dV, const float *q,
-                         const float *k, const float *v, const float *out,
-                         const float *lse, const float *dout, int64_t batch,
-                         int64_t t, int64_t d, int64_t dv, float scale);
-
-//===----------------------------------------------------------------------===//
-// Losses
-//===----------------------------------------------------------------------===//
-//
-// The class dim is last: inputs are [rows, classes], targets [rows]. A target
-// equal to ignoreIndex (when hasIgnore) contributes no loss and no gradient,
-// and Mean divides by the number of other targets, as
-// F.cross_entropy(ignore_index=...) does (NaN when there are none). Loss sums
-// accumulate in double. Idx is int32_t or int64_t.
-
-enum class Reduction { None, Sum, Mean };
-
-/// loss is a scalar for Sum and Mean, [rows] for None.
-template <typename Idx>
-void crossEntropy(float *loss, const float *logits, const Idx *targets,
-                  int64_t rows, int64_t classes, bool hasIgnore,
-                  int64_t ignoreIndex, Reduction r);
-
-/// dloss is a scalar for Sum and Mean, [rows] for None.
-template <typename Idx>
-void crossEntropyGrad(float *dlogits, const float *logits, const Idx *targets,
-                      const float *dloss, int64_t rows, int64_t classes,
-                      bool hasIgnore, int64_t ignoreIndex, Reduction r);
-
-/// Negative log-likelihood of log-probabilities `input`.
-template <typename Idx>
-void nllLoss(float *loss, const float *input, const Idx *targets, int64_t rows,
-             int64_t classes, bool hasIgnore, int64_t ignoreIndex, Reduction r);
-
-template <typename Idx>
-void nllLossGrad(float *dinput, const Idx *targets, const float *dloss,
-                 int64_t rows, int64_t classes, bool hasIgnore,
-                 int64_t ignoreIndex, Reduction r);
 
 } // namespace fastllm::rt::cpu
 

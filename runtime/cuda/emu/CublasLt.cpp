@@ -1,8 +1,8 @@
 //===- CublasLt.cpp - cuBLASLt matmul interpreter of the CUDA emulation ---===//
 //
-// The part of cuBLASLt that runtime/cuda/Kernels.cu uses, interpreted on the
-// host: handle, matmul descriptor, matrix layouts, heuristic preference, the
-// heuristic itself and cublasLtMatmul, which enqueues the GEMM
+// The part of cuBLASLt that runtime/cuda/kernels/Matmul.cu uses, interpreted
+// on the host: handle, matmul descriptor, matrix layouts, heuristic
+// preference, the heuristic itself and cublasLtMatmul, which enqueues the GEMM
 // D = alpha * op(A) * op(B) + beta * C on its stream (Stream.h). Every
 // definition matches its declaration in the toolkit's cublasLt.h.
 //

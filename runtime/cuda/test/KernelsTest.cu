@@ -21,6 +21,7 @@
 
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/Kernels.cuh"
+#include "runtime/cuda/kernels/Plans.cuh"
 
 #include <gtest/gtest.h>
 

@@ -1,13 +1,13 @@
 //===- CublasLtTest.cpp - tests of the emulated cuBLASLt ------------------===//
 //
-// Runs the emulated cublasLtMatmul the way runtime/cuda/Kernels.cu does
-// (descriptors, preference with the operands' alignments, heuristic, matmul
-// on a stream) and checks D twice: bit for bit against a sequential fp32
-// fused multiply-add model (the emulation's documented numerics), and within
-// a rounding bound against a double-precision reference. Padding between
-// columns and batches of D must be left untouched. Then every error the
-// interpreter reports: statuses for what the real library rejects, death for
-// what it leaves undefined.
+// Runs the emulated cublasLtMatmul the way runtime/cuda/kernels/Matmul.cu
+// does (descriptors, preference with the operands' alignments, heuristic,
+// matmul on a stream) and checks D twice: bit for bit against a sequential
+// fp32 fused multiply-add model (the emulation's documented numerics), and
+// within a rounding bound against a double-precision reference. Padding
+// between columns and batches of D must be left untouched. Then every error
+// the interpreter reports: statuses for what the real library rejects, death
+// for what it leaves undefined.
 //
 // Operands live in host memory, which is the emulation's device memory.
 //
@@ -101,7 +101,7 @@ public:
           set(b, i, j, dist(rng));
   }
 
-  /// A layout of this operand, set up as Kernels.cu does.
+  /// A layout of this operand, set up as Matmul.cu does.
   cublasLtMatrixLayout_t layout() const {
     cublasLtMatrixLayout_t l = nullptr;
     EXPECT_EQ(cublasLtMatrixLayoutCreate(&l, type, uint64_t(rows),
@@ -167,7 +167,7 @@ cublasLtMatmulDesc_t makeDesc(const Call &call) {
   return desc;
 }
 
-/// A preference as Kernels.cu makes it: 32 MiB of workspace, alignments of
+/// A preference as Matmul.cu makes it: 32 MiB of workspace, alignments of
 /// the operands' pointers.
 cublasLtMatmulPreference_t makePreference(const Call &call) {
   cublasLtMatmulPreference_t pref = nullptr;

@@ -1,0 +1,157 @@
+//===- Common.cuh - what the CUDA kernel sources share ----------*- C++ -*-===//
+//
+// Private to runtime/cuda/kernels/: the block reductions, the scratch memory
+// of one call, and the names every family's source uses.
+//
+// Row kernels (softmax, norms, losses) give a row to a block: each thread
+// accumulates a strided part of the row, then blockAllReduce combines the
+// threads' values with warp shuffles and one pass over the warps, always in
+// the same order. Where rows must be combined (parameter gradients, loss
+// sums) the combination has a fixed shape too, so every result is a function
+// of the shapes and is the same from run to run.
+//
+// The host code of each kernel only packs the host shape arrays into kernel
+// parameters (runtime/KernelPlans.h's plans and Plans.cuh's) and launches;
+// nothing in these sources synchronises with the GPU.
+//
+// The floating kernels are templates over the element type T (float or
+// __nv_bfloat16) that do all their arithmetic on widen(x), a float: for
+// T = float they are the float code exactly, and a bf16 result is rounded
+// once, where it is stored. Values a kernel used to store and reload
+// (softmax's exponentials) are recomputed instead, so that no intermediate
+// passes through a bf16 buffer.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FASTLLM_RUNTIME_CUDA_KERNELS_COMMON_CUH
+#define FASTLLM_RUNTIME_CUDA_KERNELS_COMMON_CUH
+
+#include "runtime/KernelInstantiations.h"
+#include "runtime/cuda/Kernels.cuh"
+#include "runtime/cuda/kernels/Plans.cuh"
+
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+namespace fastllm::rt::cuda::detail {
+
+// The shape rules and scalar helpers both libraries share.
+using ::fastllm::rt::detail::checkedTarget;
+using ::fastllm::rt::detail::contiguousStrides;
+using ::fastllm::rt::detail::isIgnored;
+using ::fastllm::rt::detail::lowest;
+using ::fastllm::rt::detail::numElements;
+using ::fastllm::rt::detail::sliceLayout;
+using ::fastllm::rt::detail::wrapIndex;
+
+/// Threads of the kernels that run as a single block (loss sums, counts).
+inline constexpr int kSingleBlockThreads = 1024;
+
+/// Columns per block, and threads per column, of the kernels that sum over
+/// rows into columns (reduce along a non-contiguous dim, norm gradients).
+inline constexpr int kColumnTile = 32;
+inline constexpr int kColumnLanes = 16;
+
+inline constexpr unsigned kFullMask = 0xffffffffu;
+
+/// Device memory for the temporaries of one call, from the stream-ordered
+/// allocator: allocated and freed in order on stream(), so nothing waits,
+/// and the pool serves it again on later calls. Zero elements allocate
+/// nothing.
+template <typename T> class Scratch {
+public:
+  explicit Scratch(int64_t count) {
+    if (count > 0)
+      FASTLLM_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void **>(&ptr),
+                                         size_t(count) * sizeof(T), stream()));
+  }
+  ~Scratch() {
+    if (ptr)
+      FASTLLM_CUDA_CHECK(cudaFreeAsync(ptr, stream()));
+  }
+  Scratch(const Scratch &) = delete;
+  Scratch &operator=(const Scratch &) = delete;
+
+  T *get() const { return ptr; }
+
+private:
+  T *ptr = nullptr;
+};
+
+/// Aborts with CUDA's reason when the last launch failed.
+inline void checkLaunch() { FASTLLM_CUDA_CHECK(cudaGetLastError()); }
+
+struct Plus {
+  template <typename T> __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+/// max(acc, x) that returns NaN once either is NaN, as torch.max does
+/// (runtime/KernelMath.h's maxNan).
+struct MaxNan {
+  template <typename T> __device__ T operator()(T acc, T x) const {
+    return ::fastllm::rt::detail::maxNan(acc, x);
+  }
+};
+
+/// Combines `value` over the warp with a butterfly: every lane ends with the
+/// same result (each step combines the same two values on both sides).
+template <typename T, typename Combine>
+__device__ T warpAllReduce(T value, Combine combine) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    value = combine(value, __shfl_xor_sync(kFullMask, value, offset));
+  return value;
+}
+
+/// Combines `value` over a one-dimensional block (a multiple of 32 threads)
+/// and returns the result to every thread. Every thread must call it.
+template <typename T, typename Combine>
+__device__ T blockAllReduce(T value, Combine combine) {
+  __shared__ T partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  value = warpAllReduce(value, combine);
+  __syncthreads(); // a previous call may still be reading `partial`
+  if (lane == 0)
+    partial[warp] = value;
+  __syncthreads();
+  value = partial[0];
+  for (int w = 1; w < int(blockDim.x / 32); ++w)
+    value = combine(value, partial[w]);
+  return value;
+}
+
+} // namespace fastllm::rt::cuda::detail
+
+namespace fastllm::rt::cuda {
+
+// The kernel sources name these unqualified.
+using detail::blockAllReduce;
+using detail::checkedTarget;
+using detail::checkLaunch;
+using detail::ComputeType;
+using detail::contiguousStrides;
+using detail::globalThread;
+using detail::gridFor;
+using detail::gridThreads;
+using detail::isIgnored;
+using detail::kColumnLanes;
+using detail::kColumnTile;
+using detail::kSingleBlockThreads;
+using detail::LaunchConfig;
+using detail::lowest;
+using detail::MaxNan;
+using detail::numElements;
+using detail::Plus;
+using detail::rowsFor;
+using detail::Scratch;
+using detail::sliceLayout;
+using detail::StridedIndex;
+using detail::warpAllReduce;
+using detail::widen;
+using detail::wrapIndex;
+
+} // namespace fastllm::rt::cuda
+
+#endif // FASTLLM_RUNTIME_CUDA_KERNELS_COMMON_CUH

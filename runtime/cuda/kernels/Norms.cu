@@ -1,0 +1,252 @@
+//===- Norms.cu - layer and RMS normalisation -------------------*- C++ -*-===//
+//
+// runtime/KernelApi.inc's layerNorm, rmsNorm and their gradients for the
+// CUDA library, for T = float or __nv_bfloat16. Launch: the forwards a block
+// per row, Σx and Σx² in double. The gradients a block per row for dx,
+// saving each row's mean and 1/std in a Scratch, then a block per 32
+// columns for dscale and dbias, summing in double in a fixed order.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/kernels/Common.cuh"
+
+#include <algorithm>
+
+namespace fastllm::rt::cuda {
+
+//===----------------------------------------------------------------------===//
+// Normalisation
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The mean and 1/√(biased variance + eps) of one row, as floats, from one
+/// pass of Σx and Σx² in double (as the CPU). Every thread of the block must
+/// call it.
+template <typename T>
+__device__ float2 rowMoments(const T *x, int64_t n, float eps) {
+  double sum = 0, sumSq = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    double v = widen(x[i]);
+    sum += v;
+    sumSq += v * v;
+  }
+  sum = blockAllReduce(sum, Plus());
+  sumSq = blockAllReduce(sumSq, Plus());
+  double mean = sum / n;
+  double var = sumSq / n - mean * mean;
+  var = var < 0.0 ? 0.0 : var; // std::max(var, 0.0): NaN stays NaN
+  return make_float2(static_cast<float>(mean),
+                     static_cast<float>(1.0 / sqrt(var + eps)));
+}
+
+/// 1/√(mean(x²) + eps) of one row, as rowMoments.
+template <typename T>
+__device__ float rowRstd(const T *x, int64_t n, float eps) {
+  double sumSq = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    sumSq += double(widen(x[i])) * widen(x[i]);
+  sumSq = blockAllReduce(sumSq, Plus());
+  return static_cast<float>(1.0 / sqrt(sumSq / n + eps));
+}
+
+/// layerNorm, a block per row.
+template <typename T>
+__global__ void layerNormKernel(T *y, const T *x, const T *scale, const T *bias,
+                                int64_t rows, int64_t cols, float eps) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T *xr = x + row * cols;
+    T *yr = y + row * cols;
+    const float2 mr = rowMoments(xr, cols, eps);
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      float v = (widen(xr[i]) - mr.x) * mr.y * widen(scale[i]);
+      yr[i] = static_cast<T>(bias ? v + widen(bias[i]) : v);
+    }
+  }
+}
+
+/// dx of layerNorm, a block per row, also saving each row's (mean, rstd) for
+/// normColumnSumsKernel: dx = rstd·(g - mean(g) - x̂·mean(g·x̂)), g = dy·scale.
+template <typename T>
+__global__ void layerNormGradRowsKernel(T *dx, float2 *stats, const T *x,
+                                        const T *scale, const T *dy,
+                                        int64_t rows, int64_t cols, float eps) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T *xr = x + row * cols, *gr = dy + row * cols;
+    T *dr = dx + row * cols;
+    const float2 mr = rowMoments(xr, cols, eps);
+    const float m = mr.x, r = mr.y;
+    if (threadIdx.x == 0)
+      stats[row] = mr;
+    double sumG = 0, sumGX = 0;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      float g = widen(gr[i]) * widen(scale[i]);
+      sumG += g;
+      sumGX += double(g) * ((widen(xr[i]) - m) * r);
+    }
+    const float a = static_cast<float>(blockAllReduce(sumG, Plus()) / cols);
+    const float b = static_cast<float>(blockAllReduce(sumGX, Plus()) / cols);
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      float xhat = (widen(xr[i]) - m) * r;
+      dr[i] =
+          static_cast<T>(r * (widen(gr[i]) * widen(scale[i]) - a - xhat * b));
+    }
+  }
+}
+
+/// rmsNorm, a block per row.
+template <typename T>
+__global__ void rmsNormKernel(T *y, const T *x, const T *scale, int64_t rows,
+                              int64_t cols, float eps) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T *xr = x + row * cols;
+    T *yr = y + row * cols;
+    const float r = rowRstd(xr, cols, eps);
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+      yr[i] = static_cast<T>(widen(xr[i]) * r * widen(scale[i]));
+  }
+}
+
+/// dx of rmsNorm, a block per row, saving (0, rstd) per row so that
+/// normColumnSumsKernel's x̂ = (x - 0)·rstd is rmsNorm's x·rstd exactly:
+/// dx = rstd·(g - x̂·mean(g·x̂)), g = dy·scale.
+template <typename T>
+__global__ void rmsNormGradRowsKernel(T *dx, float2 *stats, const T *x,
+                                      const T *scale, const T *dy, int64_t rows,
+                                      int64_t cols, float eps) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T *xr = x + row * cols, *gr = dy + row * cols;
+    T *dr = dx + row * cols;
+    const float r = rowRstd(xr, cols, eps);
+    if (threadIdx.x == 0)
+      stats[row] = make_float2(0.f, r);
+    double sumGX = 0;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+      sumGX += double(widen(gr[i]) * widen(scale[i])) * (widen(xr[i]) * r);
+    const float b = static_cast<float>(blockAllReduce(sumGX, Plus()) / cols);
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      float xhat = widen(xr[i]) * r;
+      dr[i] = static_cast<T>(r * (widen(gr[i]) * widen(scale[i]) - xhat * b));
+    }
+  }
+}
+
+/// dscale[j] = Σ_rows dy·x̂ and dbias[j] = Σ_rows dy (either nullable), with
+/// x̂ = (x - mean)·rstd from the saved row stats: a kColumnTile x
+/// kColumnLanes block per kColumnTile columns, the lanes of a column
+/// splitting the rows and combined in lane order, all in double.
+template <typename T>
+__global__ void normColumnSumsKernel(T *dscale, T *dbias, const T *x,
+                                     const T *dy, const float2 *stats,
+                                     int64_t rows, int64_t cols) {
+  __shared__ double partial[2][kColumnLanes][kColumnTile];
+  for (int64_t c0 = int64_t(blockIdx.x) * kColumnTile; c0 < cols;
+       c0 += int64_t(gridDim.x) * kColumnTile) {
+    const int64_t col = c0 + threadIdx.x;
+    double sumScale = 0, sumBias = 0;
+    if (col < cols)
+      for (int64_t row = threadIdx.y; row < rows; row += blockDim.y) {
+        const float2 s = stats[row];
+        const float g = widen(dy[row * cols + col]);
+        const float xhat = (widen(x[row * cols + col]) - s.x) * s.y;
+        sumScale += double(g) * xhat;
+        sumBias += g;
+      }
+    partial[0][threadIdx.y][threadIdx.x] = sumScale;
+    partial[1][threadIdx.y][threadIdx.x] = sumBias;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+      for (int y = 1; y < kColumnLanes; ++y) {
+        sumScale += partial[0][y][threadIdx.x];
+        sumBias += partial[1][y][threadIdx.x];
+      }
+      if (dscale)
+        dscale[col] = static_cast<T>(sumScale);
+      if (dbias)
+        dbias[col] = static_cast<T>(sumBias);
+    }
+    __syncthreads();
+  }
+}
+
+/// dscale and dbias are nullable: T comes from x.
+template <typename T>
+void launchNormColumnSums(detail::NoDeduce<T> *dscale,
+                          detail::NoDeduce<T> *dbias, const T *x, const T *dy,
+                          const float2 *stats, int64_t rows, int64_t cols) {
+  if (!dscale && !dbias)
+    return;
+  const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(
+      (cols + kColumnTile - 1) / kColumnTile, 1, detail::kMaxGridBlocks));
+  FASTLLM_LAUNCH(blocks, dim3(kColumnTile, kColumnLanes), 0, stream(),
+                 normColumnSumsKernel<T>)(
+      dscale, dbias, x, dy, stats, rows, cols);
+  checkLaunch();
+}
+
+} // namespace
+
+template <typename T>
+void layerNorm(T *y, const T *x, const T *scale,
+               const detail::NoDeduce<T> *bias, int64_t rows, int64_t cols,
+               float eps) {
+  if (rows == 0 || cols == 0)
+    return;
+  LaunchConfig launch = rowsFor(rows);
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), layerNormKernel<T>)(
+      y, x, scale, bias, rows, cols, eps);
+  checkLaunch();
+}
+
+template <typename T>
+void layerNormGrad(T *dx, detail::NoDeduce<T> *dscale,
+                   detail::NoDeduce<T> *dbias, const T *x, const T *scale,
+                   const T *dy, int64_t rows, int64_t cols, float eps) {
+  if (cols == 0)
+    return;
+  Scratch<float2> stats(rows);
+  if (rows > 0) {
+    LaunchConfig launch = rowsFor(rows);
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   layerNormGradRowsKernel<T>)(
+        dx, stats.get(), x, scale, dy, rows, cols, eps);
+    checkLaunch();
+  }
+  launchNormColumnSums(dscale, dbias, x, dy, stats.get(), rows, cols);
+}
+
+template <typename T>
+void rmsNorm(T *y, const T *x, const T *scale, int64_t rows, int64_t cols,
+             float eps) {
+  if (rows == 0 || cols == 0)
+    return;
+  LaunchConfig launch = rowsFor(rows);
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), rmsNormKernel<T>)(
+      y, x, scale, rows, cols, eps);
+  checkLaunch();
+}
+
+template <typename T>
+void rmsNormGrad(T *dx, detail::NoDeduce<T> *dscale, const T *x, const T *scale,
+                 const T *dy, int64_t rows, int64_t cols, float eps) {
+  if (cols == 0)
+    return;
+  Scratch<float2> stats(rows);
+  if (rows > 0) {
+    LaunchConfig launch = rowsFor(rows);
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   rmsNormGradRowsKernel<T>)(
+        dx, stats.get(), x, scale, dy, rows, cols, eps);
+    checkLaunch();
+  }
+  launchNormColumnSums(dscale, nullptr, x, dy, stats.get(), rows, cols);
+}
+
+//===----------------------------------------------------------------------===//
+// Explicit instantiations
+//===----------------------------------------------------------------------===//
+
+FASTLLM_FLOAT_TYPES(FASTLLM_INSTANTIATE_NORMS)
+FASTLLM_INSTANTIATE_NORMS(__nv_bfloat16)
+
+} // namespace fastllm::rt::cuda

@@ -1,0 +1,155 @@
+//===- Reduce.cu - reduce over any set of dims ------------------*- C++ -*-===//
+//
+// runtime/KernelApi.inc's reduce for the CUDA library. Launch: a block per
+// output when the contiguous dim is reduced; else a block per 32 consecutive
+// outputs, 16 threads summing each, combined in lane order. The walk is
+// planReduce's (Plans.cuh), built on runtime/KernelPlans.h's ReduceDims.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/kernels/Common.cuh"
+
+#include <algorithm>
+
+namespace fastllm::rt::cuda {
+
+//===----------------------------------------------------------------------===//
+// Plans
+//===----------------------------------------------------------------------===//
+
+detail::ReducePlan detail::planReduce(int rank, const int64_t *shape,
+                                      const bool *reducedDims) {
+  detail::checkRank(rank, "reduce");
+  // Size-1 dims dropped and neighbours with the same role merged: the input
+  // is contiguous, so such runs are single dims.
+  const ::fastllm::rt::detail::ReduceDims dims =
+      ::fastllm::rt::detail::planReduceDims(rank, shape, reducedDims);
+  ReducePlan plan{};
+  plan.keptCount = dims.keptCount;
+  plan.redCount = dims.redCount;
+  const int r = dims.rank;
+  int64_t strides[kMaxRank];
+  contiguousStrides(r, dims.dims, strides);
+  for (int d = 0; d < r; ++d) {
+    StridedIndex &walk = dims.reduced[d] ? plan.red : plan.kept;
+    walk.shape[walk.rank] = dims.dims[d];
+    walk.strides[walk.rank++] = strides[d];
+  }
+  plan.innerReduced = r > 0 && dims.reduced[r - 1];
+  return plan;
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// An accumulator as an output value: divided by meanCount for Mean (> 0).
+template <typename T, typename Acc>
+__device__ T finishReduce(Acc acc, int64_t meanCount) {
+  return static_cast<T>(meanCount > 0 ? acc / meanCount : acc);
+}
+
+/// Reductions along the contiguous dim: a block per output, its threads
+/// striding over the reduced elements (consecutive threads read consecutive
+/// elements).
+template <typename T, typename Acc, typename Combine>
+__global__ void reduceContiguousKernel(T *out, const T *in,
+                                       detail::ReducePlan plan, Acc init,
+                                       Combine combine, int64_t meanCount) {
+  for (int64_t o = blockIdx.x; o < plan.keptCount; o += gridDim.x) {
+    const T *base = in + plan.kept.offset(o);
+    Acc acc = init;
+    for (int64_t r = threadIdx.x; r < plan.redCount; r += blockDim.x)
+      acc = combine(acc, static_cast<Acc>(widen(base[plan.red.offset(r)])));
+    acc = blockAllReduce(acc, combine);
+    if (threadIdx.x == 0)
+      out[o] = finishReduce<T>(acc, meanCount);
+  }
+}
+
+/// Reductions that keep the contiguous dim: a kColumnTile x kColumnLanes
+/// block per kColumnTile consecutive outputs (consecutive threadIdx.x read
+/// consecutive elements); the lanes of one output split its reduced
+/// elements and are combined in lane order.
+template <typename T, typename Acc, typename Combine>
+__global__ void reduceStridedKernel(T *out, const T *in,
+                                    detail::ReducePlan plan, Acc init,
+                                    Combine combine, int64_t meanCount) {
+  __shared__ Acc partial[kColumnLanes][kColumnTile];
+  for (int64_t o0 = int64_t(blockIdx.x) * kColumnTile; o0 < plan.keptCount;
+       o0 += int64_t(gridDim.x) * kColumnTile) {
+    const int64_t o = o0 + threadIdx.x;
+    Acc acc = init;
+    if (o < plan.keptCount) {
+      const T *base = in + plan.kept.offset(o);
+      for (int64_t r = threadIdx.y; r < plan.redCount; r += blockDim.y)
+        acc = combine(acc, static_cast<Acc>(widen(base[plan.red.offset(r)])));
+    }
+    partial[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && o < plan.keptCount) {
+      for (int y = 1; y < kColumnLanes; ++y)
+        acc = combine(acc, partial[y][threadIdx.x]);
+      out[o] = finishReduce<T>(acc, meanCount);
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T, typename Acc, typename Combine>
+void launchReduce(T *out, const T *in, const detail::ReducePlan &plan, Acc init,
+                  Combine combine, int64_t meanCount) {
+  if (plan.innerReduced) {
+    LaunchConfig launch = rowsFor(plan.keptCount);
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   reduceContiguousKernel<T, Acc, Combine>)(
+        out, in, plan, init, combine, meanCount);
+  } else {
+    const unsigned blocks = static_cast<unsigned>(
+        std::clamp<int64_t>((plan.keptCount + kColumnTile - 1) / kColumnTile, 1,
+                            detail::kMaxGridBlocks));
+    FASTLLM_LAUNCH(blocks, dim3(kColumnTile, kColumnLanes), 0, stream(),
+                   reduceStridedKernel<T, Acc, Combine>)(
+        out, in, plan, init, combine, meanCount);
+  }
+  checkLaunch();
+}
+
+} // namespace
+
+template <typename T>
+void reduce(T *out, const T *in, int rank, const int64_t *shape,
+            const bool *reducedDims, ReduceKind kind) {
+  const detail::ReducePlan plan = detail::planReduce(rank, shape, reducedDims);
+  if (plan.keptCount == 0)
+    return;
+  // Max compares, and the empty results are made, in T's compute type (a bf16
+  // max in float, its empty results those of float).
+  using Value = ComputeType<T>;
+  if (plan.redCount == 0) {
+    Value empty = kind == ReduceKind::Max ? lowest<Value>() : Value(0);
+    if (kind == ReduceKind::Mean && std::numeric_limits<Value>::has_quiet_NaN)
+      empty = std::numeric_limits<Value>::quiet_NaN();
+    return fill(out, plan.keptCount, empty);
+  }
+  // Only size-1 dims reduced: the output is the input.
+  if (plan.red.rank == 0)
+    return copy(out, in, plan.keptCount);
+  if (kind == ReduceKind::Max)
+    return launchReduce(out, in, plan, lowest<Value>(), MaxNan{}, 0);
+  using Acc =
+      std::conditional_t<std::is_floating_point_v<Value>, double, int64_t>;
+  launchReduce(out, in, plan, Acc(0), Plus{},
+               kind == ReduceKind::Mean ? plan.redCount : 0);
+}
+
+//===----------------------------------------------------------------------===//
+// Explicit instantiations
+//===----------------------------------------------------------------------===//
+
+FASTLLM_REDUCE_TYPES(FASTLLM_INSTANTIATE_REDUCE)
+FASTLLM_INSTANTIATE_REDUCE(__nv_bfloat16)
+
+} // namespace fastllm::rt::cuda
