@@ -104,8 +104,7 @@ LogicalResult converters::convertConcat(NodeImporter &n) {
   SmallVector<Value> operands;
   for (unsigned i = 0; i < n.numInputs(); ++i)
     operands.push_back(n.operand(i));
-  n.setOutput(
-      0, n.create<m::ConcatOp>(tensorOf(shape, elementType), operands, *axis));
+  n.setOutput(0, n.createInferred<m::ConcatOp>(operands, *axis));
   return success();
 }
 
@@ -202,9 +201,8 @@ LogicalResult converters::convertSlice(NodeImporter &n) {
     if (shape[i] == 0)
       start[i] = limit[i] = std::min(start[i], in[i]);
   }
-  n.setOutput(
-      0, n.create<m::SliceOp>(tensorOf(shape, n.inputType(0).getElementType()),
-                              n.operand(0), start, limit, step));
+  n.setOutput(0,
+              n.createInferred<m::SliceOp>(n.operand(0), start, limit, step));
   return success();
 }
 
@@ -246,7 +244,6 @@ LogicalResult converters::convertSplit(NodeImporter &n) {
   if (total != dim)
     return n.error() << "split sizes " << shapeString(sizes) << " add up to "
                      << total << " but dim " << *axis << " has size " << dim;
-  Type elementType = n.inputType(0).getElementType();
   if (const HostTensor *h = n.hostInput(0)) {
     SmallVector<int64_t> start(in.size(), 0), step(in.size(), 1);
     for (auto [i, s] : llvm::enumerate(sizes)) {
@@ -257,14 +254,8 @@ LogicalResult converters::convertSplit(NodeImporter &n) {
     }
     return success();
   }
-  SmallVector<Type> types;
-  for (int64_t s : sizes) {
-    SmallVector<int64_t> shape(in);
-    shape[*axis] = s;
-    types.push_back(tensorOf(shape, elementType));
-  }
-  auto op = n.getBuilder().create<m::SplitOp>(n.getLoc(), types, n.operand(0),
-                                              *axis, sizes);
+  auto op = n.getBuilder().create<m::SplitOp>(n.getLoc(), n.operand(0), *axis,
+                                              sizes);
   for (auto [i, r] : llvm::enumerate(op.getResults()))
     n.setOutput(i, r);
   return success();
@@ -318,7 +309,6 @@ LogicalResult converters::convertGather(NodeImporter &n) {
     return success();
   }
   Value idx = indices ? constant(n, *indices) : n.operand(1);
-  n.setOutput(0, n.create<m::GatherOp>(tensorOf(shape, elementType),
-                                       n.operand(0), idx, *axis));
+  n.setOutput(0, n.createInferred<m::GatherOp>(n.operand(0), idx, *axis));
   return success();
 }

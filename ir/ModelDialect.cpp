@@ -201,6 +201,90 @@ static FailureOr<SmallVector<int64_t>> reduceShape(ArrayRef<int64_t> in,
   return shape;
 }
 
+/// The shape of `input[start:limit:stride]`, checking the bounds.
+static FailureOr<SmallVector<int64_t>>
+sliceShape(ArrayRef<int64_t> in, ArrayRef<int64_t> start,
+           ArrayRef<int64_t> limit, ArrayRef<int64_t> stride,
+           ShapeErrorFn emitError) {
+  if (start.size() != in.size() || limit.size() != in.size() ||
+      stride.size() != in.size())
+    return report(emitError)
+           << "start, limit and stride need one entry per dim (rank "
+           << in.size() << ")";
+  SmallVector<int64_t> shape;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (stride[i] <= 0)
+      return report(emitError)
+             << "stride " << stride[i] << " in dim " << i
+             << " must be positive";
+    if (start[i] < 0 || limit[i] > in[i] || start[i] > limit[i])
+      return report(emitError)
+             << "slice [" << start[i] << ", " << limit[i]
+             << ") is out of bounds for dim " << i << " of size " << in[i];
+    shape.push_back((limit[i] - start[i] + stride[i] - 1) / stride[i]);
+  }
+  return shape;
+}
+
+/// The inputs joined along `dim`; they agree on every other dim.
+static FailureOr<SmallVector<int64_t>> concatShape(TypeRange inputs,
+                                                   int64_t dim,
+                                                   ShapeErrorFn emitError) {
+  if (inputs.empty())
+    return report(emitError) << "needs at least one input";
+  ArrayRef<int64_t> first = cast<RankedTensorType>(inputs.front()).getShape();
+  if (failed(checkDim(dim, first.size(), emitError)))
+    return failure();
+  SmallVector<int64_t> shape(first);
+  shape[dim] = 0;
+  for (Type input : inputs) {
+    ArrayRef<int64_t> s = cast<RankedTensorType>(input).getShape();
+    if (s.size() != first.size())
+      return report(emitError) << "inputs have different ranks";
+    for (size_t i = 0; i < s.size(); ++i)
+      if ((int64_t)i != dim && s[i] != first[i])
+        return report(emitError) << "inputs " << shapeStr(first) << " and "
+                                 << shapeStr(s) << " differ outside dim "
+                                 << dim;
+    shape[dim] += s[dim];
+  }
+  return shape;
+}
+
+/// One piece of `in` per size along `dim`; the sizes add up to the dim.
+static FailureOr<SmallVector<SmallVector<int64_t>>>
+splitShapes(ArrayRef<int64_t> in, int64_t dim, ArrayRef<int64_t> sizes,
+            ShapeErrorFn emitError) {
+  if (failed(checkDim(dim, in.size(), emitError)))
+    return failure();
+  SmallVector<SmallVector<int64_t>> shapes;
+  int64_t total = 0;
+  for (int64_t size : sizes) {
+    if (size < 0)
+      return report(emitError) << "size " << size << " is negative";
+    shapes.emplace_back(in);
+    shapes.back()[dim] = size;
+    total += size;
+  }
+  if (total != in[dim])
+    return report(emitError) << "sizes add up to " << total << " but dim "
+                             << dim << " has size " << in[dim];
+  return shapes;
+}
+
+/// `input[:dim] + indices + input[dim+1:]`.
+static FailureOr<SmallVector<int64_t>> gatherShape(ArrayRef<int64_t> in,
+                                                   ArrayRef<int64_t> indices,
+                                                   int64_t dim,
+                                                   ShapeErrorFn emitError) {
+  if (failed(checkDim(dim, in.size(), emitError)))
+    return failure();
+  SmallVector<int64_t> shape(in.take_front(dim));
+  shape.append(indices.begin(), indices.end());
+  shape.append(in.begin() + dim + 1, in.end());
+  return shape;
+}
+
 /// Result dim i is input dim permutation[i].
 static FailureOr<SmallVector<int64_t>>
 transposeShape(ArrayRef<int64_t> in, ArrayRef<int64_t> perm,
@@ -365,44 +449,29 @@ LogicalResult ReshapeOp::verify() {
   return success();
 }
 
-/// The shape of `input[start:limit:stride]`, checking the bounds.
-static FailureOr<SmallVector<int64_t>>
-sliceShape(Operation *op, ArrayRef<int64_t> in, ArrayRef<int64_t> start,
-           ArrayRef<int64_t> limit, ArrayRef<int64_t> stride) {
-  if (start.size() != in.size() || limit.size() != in.size() ||
-      stride.size() != in.size())
-    return op->emitOpError("start, limit and stride need one entry per dim (rank ")
-           << in.size() << ")";
-  SmallVector<int64_t> shape;
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (stride[i] <= 0)
-      return op->emitOpError("stride ")
-             << stride[i] << " in dim " << i << " must be positive";
-    if (start[i] < 0 || limit[i] > in[i] || start[i] > limit[i])
-      return op->emitOpError("slice [")
-             << start[i] << ", " << limit[i] << ") is out of bounds for dim "
-             << i << " of size " << in[i];
-    shape.push_back((limit[i] - start[i] + stride[i] - 1) / stride[i]);
-  }
-  return shape;
+LogicalResult SliceOp::inferReturnTypes(MLIRContext *,
+                                        std::optional<Location> location,
+                                        Adaptor adaptor,
+                                        SmallVectorImpl<Type> &inferred) {
+  RankedTensorType in = tensorType(adaptor.getInput());
+  return inferTensor(sliceShape(in.getShape(), adaptor.getStart(),
+                                adaptor.getLimit(), adaptor.getStride(),
+                                inferError<SliceOp>(location)),
+                     in.getElementType(), inferred);
 }
 
 LogicalResult SliceOp::verify() {
-  auto expected = sliceShape(*this, tensorType(getInput()).getShape(),
-                             getStart(), getLimit(), getStride());
+  auto expected = sliceShape(tensorType(getInput()).getShape(), getStart(),
+                             getLimit(), getStride(), opError(*this));
   if (failed(expected) ||
       failed(verifySameElementType(*this, {getInput(), getResult()})))
     return failure();
-  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(*expected))
-    return emitOpError("result shape ")
-           << shapeStr(tensorType(getResult()).getShape()) << " should be "
-           << shapeStr(*expected);
-  return success();
+  return verifyResultShape(*this, getResult(), *expected);
 }
 
 LogicalResult SliceGradOp::verify() {
-  auto expected = sliceShape(*this, tensorType(getResult()).getShape(),
-                             getStart(), getLimit(), getStride());
+  auto expected = sliceShape(tensorType(getResult()).getShape(), getStart(),
+                             getLimit(), getStride(), opError(*this));
   if (failed(expected) ||
       failed(verifySameElementType(*this, {getGrad(), getResult()})))
     return failure();
@@ -413,60 +482,58 @@ LogicalResult SliceGradOp::verify() {
   return success();
 }
 
+LogicalResult ConcatOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> location,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &inferred) {
+  auto shape = concatShape(adaptor.getInputs().getTypes(), adaptor.getDim(),
+                           inferError<ConcatOp>(location));
+  if (failed(shape))
+    return failure();
+  return inferTensor(shape, tensorType(adaptor.getInputs().front()).getElementType(),
+                     inferred);
+}
+
 LogicalResult ConcatOp::verify() {
-  if (getInputs().empty())
-    return emitOpError("needs at least one input");
   SmallVector<Value> all(getInputs());
   all.push_back(getResult());
   if (failed(verifySameElementType(*this, all)))
     return failure();
-  ArrayRef<int64_t> first = tensorType(getInputs().front()).getShape();
-  int64_t dim = getDim();
-  if (failed(verifyDim(*this, dim, first.size())))
+  auto expected =
+      concatShape(getInputs().getTypes(), getDim(), opError(*this));
+  if (failed(expected))
     return failure();
-  SmallVector<int64_t> expected(first);
-  expected[dim] = 0;
-  for (Value input : getInputs()) {
-    ArrayRef<int64_t> shape = tensorType(input).getShape();
-    if (shape.size() != first.size())
-      return emitOpError("inputs have different ranks");
-    for (size_t i = 0; i < shape.size(); ++i)
-      if ((int64_t)i != dim && shape[i] != first[i])
-        return emitOpError("inputs ")
-               << shapeStr(first) << " and " << shapeStr(shape)
-               << " differ outside dim " << dim;
-    expected[dim] += shape[dim];
-  }
-  if (tensorType(getResult()).getShape() != ArrayRef<int64_t>(expected))
-    return emitOpError("result shape ")
-           << shapeStr(tensorType(getResult()).getShape()) << " should be "
-           << shapeStr(expected);
+  return verifyResultShape(*this, getResult(), *expected);
+}
+
+LogicalResult SplitOp::inferReturnTypes(MLIRContext *,
+                                        std::optional<Location> location,
+                                        Adaptor adaptor,
+                                        SmallVectorImpl<Type> &inferred) {
+  RankedTensorType in = tensorType(adaptor.getInput());
+  auto shapes = splitShapes(in.getShape(), adaptor.getDim(), adaptor.getSizes(),
+                            inferError<SplitOp>(location));
+  if (failed(shapes))
+    return failure();
+  for (ArrayRef<int64_t> shape : *shapes)
+    inferred.push_back(RankedTensorType::get(shape, in.getElementType()));
   return success();
 }
 
 LogicalResult SplitOp::verify() {
-  ArrayRef<int64_t> in = tensorType(getInput()).getShape();
-  int64_t dim = getDim();
-  if (failed(verifyDim(*this, dim, in.size())))
+  RankedTensorType in = tensorType(getInput());
+  auto expected =
+      splitShapes(in.getShape(), getDim(), getSizes(), opError(*this));
+  if (failed(expected))
     return failure();
   if (getSizes().size() != getResults().size())
     return emitOpError("has ") << getSizes().size() << " sizes for "
                                << getResults().size() << " results";
-  int64_t total = 0;
-  for (auto [size, result] : llvm::zip(getSizes(), getResults())) {
-    if (size < 0)
-      return emitOpError("size ") << size << " is negative";
-    SmallVector<int64_t> expected(in);
-    expected[dim] = size;
-    total += size;
-    if (tensorType(result).getShape() != ArrayRef<int64_t>(expected) ||
-        tensorType(result).getElementType() != tensorType(getInput()).getElementType())
+  for (auto [shape, result] : llvm::zip(*expected, getResults()))
+    if (tensorType(result).getShape() != ArrayRef<int64_t>(shape) ||
+        tensorType(result).getElementType() != in.getElementType())
       return emitOpError("result type ")
-             << result.getType() << " should have shape " << shapeStr(expected);
-  }
-  if (total != in[dim])
-    return emitOpError("sizes add up to ")
-           << total << " but dim " << dim << " has size " << in[dim];
+             << result.getType() << " should have shape " << shapeStr(shape);
   return success();
 }
 
@@ -474,20 +541,28 @@ LogicalResult SplitOp::verify() {
 static LogicalResult verifyGatherShapes(Operation *op, Value input,
                                         Value indices, int64_t dim,
                                         Value gathered, StringRef what) {
-  ArrayRef<int64_t> in = tensorType(input).getShape();
-  ArrayRef<int64_t> idx = tensorType(indices).getShape();
-  if (failed(verifyDim(op, dim, in.size())))
+  auto expected =
+      gatherShape(tensorType(input).getShape(),
+                  tensorType(indices).getShape(), dim, opError(op));
+  if (failed(expected) || failed(verifySameElementType(op, {input, gathered})))
     return failure();
-  SmallVector<int64_t> expected(in.take_front(dim));
-  expected.append(idx.begin(), idx.end());
-  expected.append(in.begin() + dim + 1, in.end());
-  if (failed(verifySameElementType(op, {input, gathered})))
-    return failure();
-  if (tensorType(gathered).getShape() != ArrayRef<int64_t>(expected))
+  if (tensorType(gathered).getShape() != ArrayRef<int64_t>(*expected))
     return op->emitOpError()
            << what << " shape " << shapeStr(tensorType(gathered).getShape())
-           << " should be " << shapeStr(expected);
+           << " should be " << shapeStr(*expected);
   return success();
+}
+
+LogicalResult GatherOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> location,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &inferred) {
+  RankedTensorType in = tensorType(adaptor.getInput());
+  return inferTensor(gatherShape(in.getShape(),
+                                 tensorType(adaptor.getIndices()).getShape(),
+                                 adaptor.getDim(),
+                                 inferError<GatherOp>(location)),
+                     in.getElementType(), inferred);
 }
 
 LogicalResult GatherOp::verify() {

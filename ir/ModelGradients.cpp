@@ -413,8 +413,7 @@ LogicalResult ConcatOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
     start[dim] = offset;
     limit[dim] = offset + len;
     offset += len;
-    og[i] = b.create<SliceOp>(getLoc(), input.getType(), rg[0], start, limit,
-                              stride);
+    og[i] = b.create<SliceOp>(getLoc(), rg[0], start, limit, stride);
   }
   return success();
 }
@@ -428,7 +427,7 @@ LogicalResult SplitOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   SmallVector<Value> pieces;
   for (auto [g, result] : llvm::zip(rg, getResults()))
     pieces.push_back(g ? g : gb.zerosLike(GradBuilder::type(result)));
-  og[0] = b.create<ConcatOp>(getLoc(), getInput().getType(), pieces, getDim());
+  og[0] = b.create<ConcatOp>(getLoc(), pieces, getDim());
   return success();
 }
 

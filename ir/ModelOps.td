@@ -288,7 +288,7 @@ def Model_ReshapeOp : Model_Op<"reshape", [Pure, Differentiable,
   let hasVerifier = 1;
 }
 
-def Model_SliceOp : Model_Op<"slice", [Pure, Differentiable]> {
+def Model_SliceOp : Model_Op<"slice", [Pure, Differentiable, Inferred]> {
   let summary = "strided slice [start, limit) with positive strides, per dim";
   let description = [{
     ```mlir
@@ -306,7 +306,7 @@ def Model_SliceOp : Model_Op<"slice", [Pure, Differentiable]> {
   let hasVerifier = 1;
 }
 
-def Model_ConcatOp : Model_Op<"concat", [Pure, Differentiable]> {
+def Model_ConcatOp : Model_Op<"concat", [Pure, Differentiable, Inferred]> {
   let summary = "concatenates tensors along one dimension";
   let description = [{
     ```mlir
@@ -319,7 +319,7 @@ def Model_ConcatOp : Model_Op<"concat", [Pure, Differentiable]> {
   let hasVerifier = 1;
 }
 
-def Model_SplitOp : Model_Op<"split", [Pure, Differentiable]> {
+def Model_SplitOp : Model_Op<"split", [Pure, Differentiable, Inferred]> {
   let summary = "splits a tensor along one dimension into consecutive pieces";
   let description = [{
     ```mlir
@@ -335,7 +335,7 @@ def Model_SplitOp : Model_Op<"split", [Pure, Differentiable]> {
   let hasVerifier = 1;
 }
 
-def Model_GatherOp : Model_Op<"gather", [Pure, Differentiable]> {
+def Model_GatherOp : Model_Op<"gather", [Pure, Differentiable, Inferred]> {
   let summary = "takes slices of `input` along `dim` at `indices` (embedding lookup)";
   let description = [{
     Result shape: `input[:dim] + indices + input[dim+1:]`. Negative indices
