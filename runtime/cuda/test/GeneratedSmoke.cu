@@ -1,6 +1,6 @@
 //===- GeneratedSmoke.cu - a hand-written "generated" CUDA step -----------===//
 //
-// What codegen/CppEmitter.cpp writes for the CUDA target, by hand: the same
+// What the emitter (codegen/) writes for the CUDA target, by hand: the same
 // preamble (ModelABI.h, both `using namespace` lines), functors in an
 // anonymous namespace, a __device__ constant, and every kernel call spelled
 // as the emitter spells it, with static host arrays for shapes and strides
