@@ -2,7 +2,8 @@
 # The main job on the bundled model: models/gpt2-tiny.onnx (a 2-layer
 # GPT-2-style training graph exported by PyTorch) is summarised, compiled for
 # the CPU into build/demo/ (with the memory report), and trained for 300 steps
-# on the byte-level text of the GPL-3 (a file every Debian machine has).
+# on the text of the GPL-3 (a file every Debian machine has), tokenized
+# byte-level by `fastllm-opt data`.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -16,7 +17,6 @@ echo
   --batch-size 8 --seq-len 64 --report
 echo
 text=/usr/share/common-licenses/GPL-3
-/usr/bin/python3 -c "import array,sys; array.array('H', list(open(sys.argv[1], 'rb').read())).tofile(open(sys.argv[2], 'wb'))" \
-  "$text" "$out/gpl3.u16"
-"$out/train" --data "$out/gpl3.u16" --steps 300 --lr 3e-3 --lr-schedule cosine \
+"$build/bin/fastllm-opt" data "$text" -o "$out/gpl3.tok" --overwrite
+"$out/train" --data "$out/gpl3.tok" --steps 300 --lr 3e-3 --lr-schedule cosine \
   --warmup-steps 20 --metrics "$out/metrics.jsonl" "$@"
