@@ -316,7 +316,7 @@ LogicalResult converters::convertTrilu(NodeImporter &n) {
       mask.ints[i * cols + j] = keep(i, j);
   Type elementType = n.inputType(0).getElementType();
   Value zero = constant(n, HostTensor::filled(elementType, {}, 0));
-  n.setOutput(0, n.create<m::SelectOp>(n.inputType(0), constant(n, mask),
-                                       n.operand(0), zero));
+  n.setOutput(
+      0, n.createInferred<m::SelectOp>(constant(n, mask), n.operand(0), zero));
   return success();
 }

@@ -254,8 +254,8 @@ LogicalResult converters::convertSplit(NodeImporter &n) {
     }
     return success();
   }
-  auto op = n.getBuilder().create<m::SplitOp>(n.getLoc(), n.operand(0), *axis,
-                                              sizes);
+  auto op =
+      n.getBuilder().create<m::SplitOp>(n.getLoc(), n.operand(0), *axis, sizes);
   for (auto [i, r] : llvm::enumerate(op.getResults()))
     n.setOutput(i, r);
   return success();

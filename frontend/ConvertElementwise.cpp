@@ -142,14 +142,13 @@ template <typename Fn> static LogicalResult convertBinary(NodeImporter &n) {
     // Pow of an integer base by a float exponent: computed in float, then
     // truncated to the base's type, as ONNX (and NumPy) do.
     lhs = n.create<m::CastOp>(tensorOf(n.inputShape(0), rhsType), lhs);
-    Value pow = n.create<typename Fn::Op>(tensorOf(*shape, rhsType), lhs, rhs);
+    Value pow = n.createInferred<typename Fn::Op>(lhs, rhs);
     n.setOutput(0, n.create<m::CastOp>(tensorOf(*shape, lhsType), pow));
     return success();
   }
   if (lhsType != rhsType) // Pow with an integer exponent of another type.
     rhs = n.create<m::CastOp>(tensorOf(n.inputShape(1), lhsType), rhs);
-  n.setOutput(0,
-              n.create<typename Fn::Op>(tensorOf(*shape, lhsType), lhs, rhs));
+  n.setOutput(0, n.createInferred<typename Fn::Op>(lhs, rhs));
   return success();
 }
 
@@ -197,8 +196,7 @@ static LogicalResult convertCompare(NodeImporter &n) {
                }));
     return success();
   }
-  n.setOutput(0, n.create<m::CmpOp>(tensorOf(*shape, i1), Pred, n.operand(0),
-                                    n.operand(1)));
+  n.setOutput(0, n.createInferred<m::CmpOp>(Pred, n.operand(0), n.operand(1)));
   return success();
 }
 
@@ -408,9 +406,8 @@ LogicalResult converters::convertWhere(NodeImporter &n) {
                        }));
     return success();
   }
-  n.setOutput(0,
-              n.create<m::SelectOp>(tensorOf(*shape, elementType), n.operand(0),
-                                    n.operand(1), n.operand(2)));
+  n.setOutput(0, n.createInferred<m::SelectOp>(n.operand(0), n.operand(1),
+                                               n.operand(2)));
   return success();
 }
 
@@ -525,8 +522,7 @@ LogicalResult converters::convertDropout(NodeImporter &n) {
     Value zero = b.create<m::ConstantOp>(
         n.getLoc(),
         DenseElementsAttr::get(tensorOf({}, et), b.getFloatAttr(et, 0.0)));
-    n.setOutput(1,
-                n.create<m::CmpOp>(maskType, m::CmpPredicate::ne, kept, zero));
+    n.setOutput(1, n.createInferred<m::CmpOp>(m::CmpPredicate::ne, kept, zero));
   }
   return success();
 }

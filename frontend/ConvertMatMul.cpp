@@ -69,7 +69,6 @@ LogicalResult converters::convertGemm(NodeImporter &n) {
                      << (transA ? "^T" : "") << " x " << shapeString(b)
                      << (transB ? "^T" : "");
   Type elementType = n.inputType(0).getElementType();
-  RankedTensorType resultType = tensorOf({M, N}, elementType);
   Value lhs = n.operand(0), rhs = n.operand(1);
   if (transA)
     lhs = transpose2d(n, lhs);
@@ -77,9 +76,8 @@ LogicalResult converters::convertGemm(NodeImporter &n) {
     rhs = transpose2d(n, rhs);
   Value result = n.createInferred<m::MatmulOp>(lhs, rhs);
   if (alpha != 1.0f)
-    result = n.create<m::MulOp>(
-        resultType, result,
-        constant(n, HostTensor::filled(elementType, {}, alpha)));
+    result = n.createInferred<m::MulOp>(
+        result, constant(n, HostTensor::filled(elementType, {}, alpha)));
   if (n.hasInput(2) && beta != 0.0f) {
     auto shape = broadcastShapes({M, N}, n.inputShape(2));
     if (!shape || ArrayRef<int64_t>(*shape) != ArrayRef<int64_t>{M, N})
@@ -87,10 +85,9 @@ LogicalResult converters::convertGemm(NodeImporter &n) {
                        << " does not broadcast to [" << M << ", " << N << "]";
     Value c = n.operand(2);
     if (beta != 1.0f)
-      c = n.create<m::MulOp>(
-          n.inputType(2), c,
-          constant(n, HostTensor::filled(elementType, {}, beta)));
-    result = n.create<m::AddOp>(resultType, result, c);
+      c = n.createInferred<m::MulOp>(
+          c, constant(n, HostTensor::filled(elementType, {}, beta)));
+    result = n.createInferred<m::AddOp>(result, c);
   }
   n.setOutput(0, result);
   return success();

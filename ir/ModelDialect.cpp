@@ -53,26 +53,6 @@ static std::string shapeStr(ArrayRef<int64_t> shape) {
   return s + "]";
 }
 
-/// Checks that `result` has the NumPy broadcast of the operand shapes.
-static LogicalResult verifyBroadcastResult(Operation *op, ValueRange operands,
-                                           Value result) {
-  SmallVector<int64_t> shape;
-  for (Value operand : operands) {
-    SmallVector<int64_t> next;
-    if (!OpTrait::util::getBroadcastedShape(shape, tensorType(operand).getShape(),
-                                            next))
-      return op->emitOpError("operand shapes are not broadcast-compatible: ")
-             << shapeStr(shape) << " and "
-             << shapeStr(tensorType(operand).getShape());
-    shape = std::move(next);
-  }
-  if (tensorType(result).getShape() != ArrayRef<int64_t>(shape))
-    return op->emitOpError("result shape ")
-           << shapeStr(tensorType(result).getShape())
-           << " is not the broadcast shape " << shapeStr(shape);
-  return success();
-}
-
 static LogicalResult verifySameElementType(Operation *op, ValueRange values) {
   Type first = tensorType(values.front()).getElementType();
   for (Value v : values.drop_front())
@@ -147,31 +127,60 @@ static LogicalResult verifyDim(Operation *op, int64_t dim, int64_t rank,
   return checkDim(dim, rank, opError(op), what);
 }
 
+/// The NumPy broadcast of the operands' shapes (elementwise ops).
+static FailureOr<SmallVector<int64_t>> broadcastShape(TypeRange operands,
+                                                      ShapeErrorFn emitError) {
+  SmallVector<int64_t> shape;
+  for (Type operand : operands) {
+    ArrayRef<int64_t> s = cast<RankedTensorType>(operand).getShape();
+    SmallVector<int64_t> next;
+    if (!OpTrait::util::getBroadcastedShape(shape, s, next))
+      return report(emitError)
+             << "operand shapes are not broadcast-compatible: "
+             << shapeStr(shape) << " and " << shapeStr(s);
+    shape = std::move(next);
+  }
+  return shape;
+}
+
+/// Checks that `result` has the NumPy broadcast of the operand shapes.
+static LogicalResult verifyBroadcastResult(Operation *op, ValueRange operands,
+                                           Value result) {
+  auto shape = broadcastShape(operands.getTypes(), opError(op));
+  if (failed(shape))
+    return failure();
+  if (tensorType(result).getShape() != ArrayRef<int64_t>(*shape))
+    return op->emitOpError("result shape ")
+           << shapeStr(tensorType(result).getShape())
+           << " is not the broadcast shape " << shapeStr(*shape);
+  return success();
+}
+
 /// The shape of op(lhs)·op(rhs) (model.matmul's rules).
-static FailureOr<SmallVector<int64_t>>
-matmulShape(ArrayRef<int64_t> lhs, ArrayRef<int64_t> rhs, bool transLhs,
-            bool transRhs, ShapeErrorFn emitError) {
+static FailureOr<SmallVector<int64_t>> matmulShape(ArrayRef<int64_t> lhs,
+                                                   ArrayRef<int64_t> rhs,
+                                                   bool transLhs, bool transRhs,
+                                                   ShapeErrorFn emitError) {
   SmallVector<int64_t> a(lhs), b(rhs);
   if (a.size() < 2 || b.size() < 2)
-    return report(emitError)
-           << "operands must have rank >= 2, got " << a.size() << " and "
-           << b.size();
+    return report(emitError) << "operands must have rank >= 2, got " << a.size()
+                             << " and " << b.size();
   // The shapes the product reads.
   if (transLhs)
     std::swap(a[a.size() - 1], a[a.size() - 2]);
   if (transRhs)
     std::swap(b[b.size() - 1], b[b.size() - 2]);
   if (a.back() != b[b.size() - 2])
-    return report(emitError)
-           << "contraction dims differ: lhs " << shapeStr(a)
-           << " has K = " << a.back() << ", rhs " << shapeStr(b)
-           << " has K = " << b[b.size() - 2];
+    return report(emitError) << "contraction dims differ: lhs " << shapeStr(a)
+                             << " has K = " << a.back() << ", rhs "
+                             << shapeStr(b) << " has K = " << b[b.size() - 2];
   SmallVector<int64_t> shape;
   if (!OpTrait::util::getBroadcastedShape(ArrayRef<int64_t>(a).drop_back(2),
                                           ArrayRef<int64_t>(b).drop_back(2),
                                           shape))
-    return report(emitError) << "batch dims are not broadcast-compatible: "
-                             << shapeStr(a) << " and " << shapeStr(b);
+    return report(emitError)
+           << "batch dims are not broadcast-compatible: " << shapeStr(a)
+           << " and " << shapeStr(b);
   shape.push_back(a[a.size() - 2]);
   shape.push_back(b.back());
   return shape;
@@ -202,10 +211,11 @@ static FailureOr<SmallVector<int64_t>> reduceShape(ArrayRef<int64_t> in,
 }
 
 /// The shape of `input[start:limit:stride]`, checking the bounds.
-static FailureOr<SmallVector<int64_t>>
-sliceShape(ArrayRef<int64_t> in, ArrayRef<int64_t> start,
-           ArrayRef<int64_t> limit, ArrayRef<int64_t> stride,
-           ShapeErrorFn emitError) {
+static FailureOr<SmallVector<int64_t>> sliceShape(ArrayRef<int64_t> in,
+                                                  ArrayRef<int64_t> start,
+                                                  ArrayRef<int64_t> limit,
+                                                  ArrayRef<int64_t> stride,
+                                                  ShapeErrorFn emitError) {
   if (start.size() != in.size() || limit.size() != in.size() ||
       stride.size() != in.size())
     return report(emitError)
@@ -214,9 +224,8 @@ sliceShape(ArrayRef<int64_t> in, ArrayRef<int64_t> start,
   SmallVector<int64_t> shape;
   for (size_t i = 0; i < in.size(); ++i) {
     if (stride[i] <= 0)
-      return report(emitError)
-             << "stride " << stride[i] << " in dim " << i
-             << " must be positive";
+      return report(emitError) << "stride " << stride[i] << " in dim " << i
+                               << " must be positive";
     if (start[i] < 0 || limit[i] > in[i] || start[i] > limit[i])
       return report(emitError)
              << "slice [" << start[i] << ", " << limit[i]
@@ -227,9 +236,8 @@ sliceShape(ArrayRef<int64_t> in, ArrayRef<int64_t> start,
 }
 
 /// The inputs joined along `dim`; they agree on every other dim.
-static FailureOr<SmallVector<int64_t>> concatShape(TypeRange inputs,
-                                                   int64_t dim,
-                                                   ShapeErrorFn emitError) {
+static FailureOr<SmallVector<int64_t>>
+concatShape(TypeRange inputs, int64_t dim, ShapeErrorFn emitError) {
   if (inputs.empty())
     return report(emitError) << "needs at least one input";
   ArrayRef<int64_t> first = cast<RankedTensorType>(inputs.front()).getShape();
@@ -243,9 +251,9 @@ static FailureOr<SmallVector<int64_t>> concatShape(TypeRange inputs,
       return report(emitError) << "inputs have different ranks";
     for (size_t i = 0; i < s.size(); ++i)
       if ((int64_t)i != dim && s[i] != first[i])
-        return report(emitError) << "inputs " << shapeStr(first) << " and "
-                                 << shapeStr(s) << " differ outside dim "
-                                 << dim;
+        return report(emitError)
+               << "inputs " << shapeStr(first) << " and " << shapeStr(s)
+               << " differ outside dim " << dim;
     shape[dim] += s[dim];
   }
   return shape;
@@ -286,9 +294,9 @@ static FailureOr<SmallVector<int64_t>> gatherShape(ArrayRef<int64_t> in,
 }
 
 /// Result dim i is input dim permutation[i].
-static FailureOr<SmallVector<int64_t>>
-transposeShape(ArrayRef<int64_t> in, ArrayRef<int64_t> perm,
-               ShapeErrorFn emitError) {
+static FailureOr<SmallVector<int64_t>> transposeShape(ArrayRef<int64_t> in,
+                                                      ArrayRef<int64_t> perm,
+                                                      ShapeErrorFn emitError) {
   if (perm.size() != in.size())
     return report(emitError) << "permutation has " << perm.size()
                              << " entries for an input of rank " << in.size();
@@ -341,6 +349,69 @@ static LogicalResult verifyBinary(BinaryOp op) {
   return verifyBroadcastResult(op, {op.getLhs(), op.getRhs()}, op.getResult());
 }
 
+/// The broadcast of `operands`, of `elementType`.
+template <typename OpTy>
+static LogicalResult inferBroadcast(std::optional<Location> location,
+                                    ValueRange operands, Type elementType,
+                                    SmallVectorImpl<Type> &inferred) {
+  return inferTensor(
+      broadcastShape(operands.getTypes(), inferError<OpTy>(location)),
+      elementType, inferred);
+}
+
+/// A binary op's result: the broadcast, of the operands' element type.
+template <typename BinaryOp>
+static LogicalResult inferBinary(std::optional<Location> location,
+                                 typename BinaryOp::Adaptor adaptor,
+                                 SmallVectorImpl<Type> &inferred) {
+  return inferBroadcast<BinaryOp>(
+      location, {adaptor.getLhs(), adaptor.getRhs()},
+      tensorType(adaptor.getLhs()).getElementType(), inferred);
+}
+
+LogicalResult AddOp::inferReturnTypes(MLIRContext *,
+                                      std::optional<Location> location,
+                                      Adaptor adaptor,
+                                      SmallVectorImpl<Type> &inferred) {
+  return inferBinary<AddOp>(location, adaptor, inferred);
+}
+LogicalResult SubOp::inferReturnTypes(MLIRContext *,
+                                      std::optional<Location> location,
+                                      Adaptor adaptor,
+                                      SmallVectorImpl<Type> &inferred) {
+  return inferBinary<SubOp>(location, adaptor, inferred);
+}
+LogicalResult MulOp::inferReturnTypes(MLIRContext *,
+                                      std::optional<Location> location,
+                                      Adaptor adaptor,
+                                      SmallVectorImpl<Type> &inferred) {
+  return inferBinary<MulOp>(location, adaptor, inferred);
+}
+LogicalResult DivOp::inferReturnTypes(MLIRContext *,
+                                      std::optional<Location> location,
+                                      Adaptor adaptor,
+                                      SmallVectorImpl<Type> &inferred) {
+  return inferBinary<DivOp>(location, adaptor, inferred);
+}
+LogicalResult PowOp::inferReturnTypes(MLIRContext *,
+                                      std::optional<Location> location,
+                                      Adaptor adaptor,
+                                      SmallVectorImpl<Type> &inferred) {
+  return inferBinary<PowOp>(location, adaptor, inferred);
+}
+LogicalResult AndOp::inferReturnTypes(MLIRContext *,
+                                      std::optional<Location> location,
+                                      Adaptor adaptor,
+                                      SmallVectorImpl<Type> &inferred) {
+  return inferBinary<AndOp>(location, adaptor, inferred);
+}
+LogicalResult OrOp::inferReturnTypes(MLIRContext *,
+                                     std::optional<Location> location,
+                                     Adaptor adaptor,
+                                     SmallVectorImpl<Type> &inferred) {
+  return inferBinary<OrOp>(location, adaptor, inferred);
+}
+
 LogicalResult AddOp::verify() { return verifyBinary(*this); }
 LogicalResult SubOp::verify() { return verifyBinary(*this); }
 LogicalResult MulOp::verify() { return verifyBinary(*this); }
@@ -349,10 +420,28 @@ LogicalResult PowOp::verify() { return verifyBinary(*this); }
 LogicalResult AndOp::verify() { return verifyBinary(*this); }
 LogicalResult OrOp::verify() { return verifyBinary(*this); }
 
+LogicalResult CmpOp::inferReturnTypes(MLIRContext *context,
+                                      std::optional<Location> location,
+                                      Adaptor adaptor,
+                                      SmallVectorImpl<Type> &inferred) {
+  return inferBroadcast<CmpOp>(location, {adaptor.getLhs(), adaptor.getRhs()},
+                               IntegerType::get(context, 1), inferred);
+}
+
 LogicalResult CmpOp::verify() {
   if (failed(verifySameElementType(*this, {getLhs(), getRhs()})))
     return failure();
   return verifyBroadcastResult(*this, {getLhs(), getRhs()}, getResult());
+}
+
+LogicalResult SelectOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> location,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &inferred) {
+  return inferBroadcast<SelectOp>(
+      location,
+      {adaptor.getCondition(), adaptor.getOnTrue(), adaptor.getOnFalse()},
+      tensorType(adaptor.getOnTrue()).getElementType(), inferred);
 }
 
 LogicalResult SelectOp::verify() {
@@ -371,12 +460,11 @@ LogicalResult MatmulOp::inferReturnTypes(MLIRContext *,
                                          Adaptor adaptor,
                                          SmallVectorImpl<Type> &inferred) {
   RankedTensorType lhs = tensorType(adaptor.getLhs());
-  return inferTensor(matmulShape(lhs.getShape(),
-                                 tensorType(adaptor.getRhs()).getShape(),
-                                 adaptor.getTransposeLhs(),
-                                 adaptor.getTransposeRhs(),
-                                 inferError<MatmulOp>(location)),
-                     lhs.getElementType(), inferred);
+  return inferTensor(
+      matmulShape(lhs.getShape(), tensorType(adaptor.getRhs()).getShape(),
+                  adaptor.getTransposeLhs(), adaptor.getTransposeRhs(),
+                  inferError<MatmulOp>(location)),
+      lhs.getElementType(), inferred);
 }
 
 LogicalResult MatmulOp::verify() {
@@ -490,7 +578,8 @@ LogicalResult ConcatOp::inferReturnTypes(MLIRContext *,
                            inferError<ConcatOp>(location));
   if (failed(shape))
     return failure();
-  return inferTensor(shape, tensorType(adaptor.getInputs().front()).getElementType(),
+  return inferTensor(shape,
+                     tensorType(adaptor.getInputs().front()).getElementType(),
                      inferred);
 }
 
@@ -499,8 +588,7 @@ LogicalResult ConcatOp::verify() {
   all.push_back(getResult());
   if (failed(verifySameElementType(*this, all)))
     return failure();
-  auto expected =
-      concatShape(getInputs().getTypes(), getDim(), opError(*this));
+  auto expected = concatShape(getInputs().getTypes(), getDim(), opError(*this));
   if (failed(expected))
     return failure();
   return verifyResultShape(*this, getResult(), *expected);
@@ -541,9 +629,8 @@ LogicalResult SplitOp::verify() {
 static LogicalResult verifyGatherShapes(Operation *op, Value input,
                                         Value indices, int64_t dim,
                                         Value gathered, StringRef what) {
-  auto expected =
-      gatherShape(tensorType(input).getShape(),
-                  tensorType(indices).getShape(), dim, opError(op));
+  auto expected = gatherShape(tensorType(input).getShape(),
+                              tensorType(indices).getShape(), dim, opError(op));
   if (failed(expected) || failed(verifySameElementType(op, {input, gathered})))
     return failure();
   if (tensorType(gathered).getShape() != ArrayRef<int64_t>(*expected))
@@ -558,11 +645,10 @@ LogicalResult GatherOp::inferReturnTypes(MLIRContext *,
                                          Adaptor adaptor,
                                          SmallVectorImpl<Type> &inferred) {
   RankedTensorType in = tensorType(adaptor.getInput());
-  return inferTensor(gatherShape(in.getShape(),
-                                 tensorType(adaptor.getIndices()).getShape(),
-                                 adaptor.getDim(),
-                                 inferError<GatherOp>(location)),
-                     in.getElementType(), inferred);
+  return inferTensor(
+      gatherShape(in.getShape(), tensorType(adaptor.getIndices()).getShape(),
+                  adaptor.getDim(), inferError<GatherOp>(location)),
+      in.getElementType(), inferred);
 }
 
 LogicalResult GatherOp::verify() {

@@ -10,7 +10,6 @@
 
 #include "ir/ModelDialect.h"
 
-#include "mlir/Dialect/Traits.h"
 #include "mlir/IR/Builders.h"
 
 #include <cmath>
@@ -26,12 +25,6 @@ public:
 
   static RankedTensorType type(Value v) {
     return cast<RankedTensorType>(v.getType());
-  }
-  static RankedTensorType broadcastType(Value x, Value y) {
-    SmallVector<int64_t> shape;
-    (void)OpTrait::util::getBroadcastedShape(type(x).getShape(),
-                                             type(y).getShape(), shape);
-    return RankedTensorType::get(shape, type(x).getElementType());
   }
 
   Value scalar(double v, Type elementType) {
@@ -50,7 +43,7 @@ public:
   }
 
   template <typename OpTy> Value binary(Value x, Value y) {
-    return b.create<OpTy>(loc, broadcastType(x, y), x, y);
+    return b.create<OpTy>(loc, x, y);
   }
   Value add(Value x, Value y) { return binary<AddOp>(x, y); }
   Value sub(Value x, Value y) { return binary<SubOp>(x, y); }
@@ -62,12 +55,7 @@ public:
     return b.create<OpTy>(loc, x);
   }
   Value select(Value c, Value x, Value y) {
-    SmallVector<int64_t> xy, shape;
-    (void)OpTrait::util::getBroadcastedShape(type(x).getShape(),
-                                             type(y).getShape(), xy);
-    (void)OpTrait::util::getBroadcastedShape(type(c).getShape(), xy, shape);
-    return b.create<SelectOp>(
-        loc, RankedTensorType::get(shape, type(x).getElementType()), c, x, y);
+    return b.create<SelectOp>(loc, c, x, y);
   }
   Value reshape(Value x, ArrayRef<int64_t> shape) {
     if (type(x).getShape() == shape)
@@ -302,10 +290,7 @@ LogicalResult ReluOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                      SmallVectorImpl<Value> &og) {
   return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value x, Value) {
     Value zero = gb.scalarLike(0, x);
-    auto maskType = RankedTensorType::get(GradBuilder::type(x).getShape(),
-                                          gb.b.getI1Type());
-    Value positive =
-        gb.b.create<CmpOp>(gb.loc, maskType, CmpPredicate::gt, x, zero);
+    Value positive = gb.b.create<CmpOp>(gb.loc, CmpPredicate::gt, x, zero);
     return gb.select(positive, g, zero);
   });
 }
@@ -505,15 +490,13 @@ LogicalResult ReduceMaxOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   GradBuilder gb(b, getLoc());
   RankedTensorType in = GradBuilder::type(getInput());
   Value max = gb.expandReduced(getResult(), in, getDims());
-  auto maskType = RankedTensorType::get(in.getShape(), b.getI1Type());
-  Value mask = b.create<CmpOp>(getLoc(), maskType, CmpPredicate::eq,
-                               getInput(), max);
+  Value mask = b.create<CmpOp>(getLoc(), CmpPredicate::eq, getInput(), max);
   Value ones = gb.select(mask, gb.scalarLike(1, max), gb.scalarLike(0, max));
   SmallVector<int64_t> kept(in.getShape());
   for (int64_t d : getDims())
     kept[d] = 1;
   Value count = b.create<ReduceSumOp>(getLoc(), ones, getDims(),
-                                     /*keep_dims=*/true);
+                                      /*keep_dims=*/true);
   Value share = gb.div(gb.reshape(rg[0], kept), count);
   og[0] = gb.mul(ones, share);
   return success();

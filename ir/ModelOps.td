@@ -94,7 +94,8 @@ def Model_ConstantOp : Model_Op<"constant",
 
 /// Binary elementwise op with NumPy broadcasting; operand element types match.
 class Model_BinaryOp<string mnemonic, Type operandType, list<Trait> traits = []>
-    : Model_Op<mnemonic, !listconcat([Pure, Model_Pointwise], traits)> {
+    : Model_Op<mnemonic,
+               !listconcat([Pure, Model_Pointwise, Inferred], traits)> {
   let arguments = (ins operandType:$lhs, operandType:$rhs);
   let results = (outs operandType:$result);
   let assemblyFormat = [{
@@ -118,7 +119,7 @@ def Model_PowOp : Model_BinaryOp<"pow", Model_Tensor, [Differentiable]> { let su
 def Model_AndOp : Model_BinaryOp<"and", Model_BoolTensor> { let summary = "elementwise logical and"; }
 def Model_OrOp : Model_BinaryOp<"or", Model_BoolTensor> { let summary = "elementwise logical or"; }
 
-def Model_CmpOp : Model_Op<"cmp", [Pure, Model_Pointwise]> {
+def Model_CmpOp : Model_Op<"cmp", [Pure, Model_Pointwise, Inferred]> {
   let summary = "elementwise comparison with broadcasting, giving i1";
   let description = [{
     ```mlir
@@ -134,7 +135,8 @@ def Model_CmpOp : Model_Op<"cmp", [Pure, Model_Pointwise]> {
   let hasVerifier = 1;
 }
 
-def Model_SelectOp : Model_Op<"select", [Pure, Model_Pointwise, Differentiable]> {
+def Model_SelectOp : Model_Op<"select",
+    [Pure, Model_Pointwise, Differentiable, Inferred]> {
   let summary = "elementwise cond ? on_true : on_false, with broadcasting";
   let description = [{
     ```mlir

@@ -111,7 +111,7 @@ LogicalResult AutodiffPass::differentiate(func::FuncOp step) {
   auto addGrad = [&](Value v, Value g, Location loc) {
     auto [it, inserted] = grads.try_emplace(v, g);
     if (!inserted)
-      it->second = b.create<AddOp>(loc, v.getType(), it->second, g);
+      it->second = b.create<AddOp>(loc, it->second, g);
   };
   if (!active.count(loss))
     return step.emitError("the loss does not depend on any trainable parameter");
