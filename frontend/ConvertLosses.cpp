@@ -45,13 +45,7 @@ template <typename OpTy> static LogicalResult convertLoss(NodeImporter &n) {
   IntegerAttr ignore;
   if (n.hasAttribute("ignore_index"))
     ignore = n.getBuilder().getI64IntegerAttr(n.intAttr("ignore_index", 0));
-  SmallVector<int64_t> resultShape;
-  if (*red == m::LossReduction::none)
-    resultShape.assign(t.begin(), t.end());
-  auto op = n.getBuilder().create<OpTy>(
-      n.getLoc(), tensorOf(resultShape, scores.getElementType()), input,
-      n.operand(1), ignore, *red);
-  n.setOutput(0, op.getResult());
+  n.setOutput(0, n.createInferred<OpTy>(input, n.operand(1), ignore, *red));
   if (n.outputUsed(1)) // log_prob, in the input's [N, C, d...] layout
     n.setOutput(1, n.create<m::LogSoftmaxOp>(scores, n.operand(0), 1));
   return success();

@@ -107,10 +107,10 @@ LogicalResult converters::convertLayerNorm(NodeImporter &n) {
   float eps = n.floatAttr("epsilon", 1e-5f);
   if (!std::isfinite(eps) || eps <= 0)
     return n.error() << "epsilon must be finite and positive, got " << eps;
-  n.setOutput(0,
-              n.create<m::LayerNormOp>(type, n.operand(0), *scale, bias,
-                                       n.getBuilder().getI64IntegerAttr(*axis),
-                                       n.getBuilder().getF32FloatAttr(eps)));
+  n.setOutput(0, n.createInferred<m::LayerNormOp>(
+                     n.operand(0), *scale, bias,
+                     n.getBuilder().getI64IntegerAttr(*axis),
+                     n.getBuilder().getF32FloatAttr(eps)));
   return success();
 }
 

@@ -293,6 +293,56 @@ static FailureOr<SmallVector<int64_t>> gatherShape(ArrayRef<int64_t> in,
   return shape;
 }
 
+/// A loss's result: the targets' shape for `none`, else a scalar. The input
+/// has the targets' shape plus a class dim.
+static FailureOr<SmallVector<int64_t>> lossShape(ArrayRef<int64_t> in,
+                                                 ArrayRef<int64_t> targets,
+                                                 LossReduction reduction,
+                                                 ShapeErrorFn emitError) {
+  if (in.empty() || in.drop_back() != targets)
+    return report(emitError)
+           << "input shape " << shapeStr(in) << " should be the targets' shape "
+           << shapeStr(targets) << " plus a class dim";
+  if (reduction == LossReduction::none)
+    return SmallVector<int64_t>(targets);
+  return SmallVector<int64_t>();
+}
+
+/// The shapes of attention's output and log-sum-exp: q, k: [..., t, d];
+/// v and the output: [..., t, dv]; the log-sum-exp: [..., t].
+static FailureOr<std::pair<SmallVector<int64_t>, SmallVector<int64_t>>>
+attentionShapes(ArrayRef<int64_t> q, ArrayRef<int64_t> k, ArrayRef<int64_t> v,
+                ShapeErrorFn emitError) {
+  if (q.size() < 2)
+    return report(emitError) << "query must have rank >= 2, got " << q.size();
+  if (k != q)
+    return report(emitError) << "key shape " << shapeStr(k)
+                             << " differs from query shape " << shapeStr(q);
+  if (v.size() != q.size() || v.drop_back() != q.drop_back())
+    return report(emitError)
+           << "value shape " << shapeStr(v) << " should be "
+           << shapeStr(q.drop_back()) << " plus a feature dim";
+  return std::pair{SmallVector<int64_t>(v),
+                   SmallVector<int64_t>(q.drop_back())};
+}
+
+/// The InferredOrF32 ops' results: the inferred types, or f32 tensors of the
+/// inferred shapes where a float type was inferred.
+static bool isInferredOrF32(TypeRange inferred, TypeRange actual) {
+  if (inferred.size() != actual.size())
+    return false;
+  for (auto [want, have] : llvm::zip(inferred, actual)) {
+    if (want == have)
+      continue;
+    auto w = dyn_cast<RankedTensorType>(want);
+    auto h = dyn_cast<RankedTensorType>(have);
+    if (!w || !h || w.getShape() != h.getShape() ||
+        !isa<FloatType>(w.getElementType()) || !h.getElementType().isF32())
+      return false;
+  }
+  return true;
+}
+
 /// Result dim i is input dim permutation[i].
 static FailureOr<SmallVector<int64_t>> transposeShape(ArrayRef<int64_t> in,
                                                       ArrayRef<int64_t> perm,
@@ -788,6 +838,14 @@ static LogicalResult verifyEpsilon(Operation *op, APFloat eps) {
   return op->emitOpError("epsilon must be finite and positive, got ") << text;
 }
 
+LogicalResult LayerNormOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location>,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &inferred) {
+  inferred.push_back(adaptor.getInput().getType());
+  return success();
+}
+
 LogicalResult LayerNormOp::verify() {
   SmallVector<Value> affine{getScale()};
   if (getBias())
@@ -797,39 +855,60 @@ LogicalResult LayerNormOp::verify() {
   return verifyNorm(*this, getInput(), affine, getDim(), getResult());
 }
 
+LogicalResult RmsNormOp::inferReturnTypes(MLIRContext *,
+                                          std::optional<Location>,
+                                          Adaptor adaptor,
+                                          SmallVectorImpl<Type> &inferred) {
+  inferred.push_back(adaptor.getInput().getType());
+  return success();
+}
+
 LogicalResult RmsNormOp::verify() {
   if (failed(verifyEpsilon(*this, getEpsilon())))
     return failure();
   return verifyNorm(*this, getInput(), {getScale()}, getDim(), getResult());
 }
 
-/// q, k: [..., t, d]; v and out: [..., t, dv]; lse: [..., t].
+/// Checks attention's operands, output and log-sum-exp (attentionShapes).
 static LogicalResult verifyAttentionShapes(Operation *op, Value q, Value k,
                                            Value v, Value out, Value lse) {
-  ArrayRef<int64_t> qs = tensorType(q).getShape();
-  ArrayRef<int64_t> vs = tensorType(v).getShape();
-  if (qs.size() < 2)
-    return op->emitOpError("query must have rank >= 2, got ") << qs.size();
-  if (tensorType(k).getShape() != qs)
-    return op->emitOpError("key shape ")
-           << shapeStr(tensorType(k).getShape()) << " differs from query shape "
-           << shapeStr(qs);
-  if (vs.size() != qs.size() || vs.drop_back() != qs.drop_back())
-    return op->emitOpError("value shape ")
-           << shapeStr(vs) << " should be " << shapeStr(qs.drop_back())
-           << " plus a feature dim";
-  if (tensorType(out).getShape() != vs)
+  auto shapes =
+      attentionShapes(tensorType(q).getShape(), tensorType(k).getShape(),
+                      tensorType(v).getShape(), opError(op));
+  if (failed(shapes))
+    return failure();
+  auto &[outShape, lseShape] = *shapes;
+  if (tensorType(out).getShape() != ArrayRef<int64_t>(outShape))
     return op->emitOpError("output shape ")
            << shapeStr(tensorType(out).getShape()) << " should be "
-           << shapeStr(vs);
-  if (tensorType(lse).getShape() != qs.drop_back())
-    return op->emitOpError("lse shape ")
-           << shapeStr(tensorType(lse).getShape()) << " should be "
-           << shapeStr(qs.drop_back());
+           << shapeStr(outShape);
+  if (tensorType(lse).getShape() != ArrayRef<int64_t>(lseShape))
+    return op->emitOpError("lse shape ") << shapeStr(tensorType(lse).getShape())
+                                         << " should be " << shapeStr(lseShape);
   // lse (kept for the backward) may be f32 when the attention is bf16.
   if (tensorType(lse).getElementType().isF32())
     return verifySameElementType(op, {q, k, v, out});
   return verifySameElementType(op, {q, k, v, out, lse});
+}
+
+LogicalResult CausalAttentionOp::inferReturnTypes(
+    MLIRContext *, std::optional<Location> location, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  RankedTensorType q = tensorType(adaptor.getQuery());
+  auto shapes =
+      attentionShapes(q.getShape(), tensorType(adaptor.getKey()).getShape(),
+                      tensorType(adaptor.getValue()).getShape(),
+                      inferError<CausalAttentionOp>(location));
+  if (failed(shapes))
+    return failure();
+  inferred.push_back(adaptor.getValue().getType());
+  inferred.push_back(RankedTensorType::get(shapes->second, q.getElementType()));
+  return success();
+}
+
+bool CausalAttentionOp::isCompatibleReturnTypes(TypeRange inferred,
+                                                TypeRange actual) {
+  return isInferredOrF32(inferred, actual);
 }
 
 LogicalResult CausalAttentionOp::verify() {
@@ -846,20 +925,36 @@ LogicalResult CausalAttentionGradOp::verify() {
 // Losses
 //===----------------------------------------------------------------------===//
 
+/// `shape`, as a loss's result for `reduction`, in diagnostics.
+static std::string lossShapeStr(ArrayRef<int64_t> shape,
+                                LossReduction reduction) {
+  return reduction == LossReduction::none ? shapeStr(shape)
+                                          : std::string("[] (a scalar)");
+}
+
+template <typename LossOp>
+static LogicalResult inferLoss(std::optional<Location> location,
+                               typename LossOp::Adaptor adaptor,
+                               SmallVectorImpl<Type> &inferred) {
+  RankedTensorType in = tensorType(adaptor.getInput());
+  return inferTensor(
+      lossShape(in.getShape(), tensorType(adaptor.getTargets()).getShape(),
+                adaptor.getReduction(), inferError<LossOp>(location)),
+      in.getElementType(), inferred);
+}
+
 template <typename LossOp>
 static LogicalResult verifyLoss(LossOp op) {
-  ArrayRef<int64_t> in = tensorType(op.getInput()).getShape();
-  ArrayRef<int64_t> targets = tensorType(op.getTargets()).getShape();
-  if (in.empty() || in.drop_back() != targets)
-    return op.emitOpError("input shape ")
-           << shapeStr(in) << " should be the targets' shape "
-           << shapeStr(targets) << " plus a class dim";
+  auto expected = lossShape(tensorType(op.getInput()).getShape(),
+                            tensorType(op.getTargets()).getShape(),
+                            op.getReduction(), opError(op));
+  if (failed(expected))
+    return failure();
   ArrayRef<int64_t> result = tensorType(op.getResult()).getShape();
-  bool perElement = op.getReduction() == LossReduction::none;
-  if (perElement ? result != targets : !result.empty())
+  if (result != ArrayRef<int64_t>(*expected))
     return op.emitOpError("result shape ")
            << shapeStr(result) << " should be "
-           << (perElement ? shapeStr(targets) : std::string("[] (a scalar)"));
+           << lossShapeStr(*expected, op.getReduction());
   // The loss is in the input's type, or in f32 (mixed precision: bf16
   // logits, an fp32 loss).
   if (!tensorType(op.getResult()).getElementType().isF32() &&
@@ -868,24 +963,40 @@ static LogicalResult verifyLoss(LossOp op) {
   return success();
 }
 
+LogicalResult CrossEntropyOp::inferReturnTypes(
+    MLIRContext *, std::optional<Location> location, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  return inferLoss<CrossEntropyOp>(location, adaptor, inferred);
+}
+LogicalResult NllLossOp::inferReturnTypes(MLIRContext *,
+                                          std::optional<Location> location,
+                                          Adaptor adaptor,
+                                          SmallVectorImpl<Type> &inferred) {
+  return inferLoss<NllLossOp>(location, adaptor, inferred);
+}
+
+bool CrossEntropyOp::isCompatibleReturnTypes(TypeRange inferred,
+                                             TypeRange actual) {
+  return isInferredOrF32(inferred, actual);
+}
+bool NllLossOp::isCompatibleReturnTypes(TypeRange inferred, TypeRange actual) {
+  return isInferredOrF32(inferred, actual);
+}
+
 LogicalResult CrossEntropyOp::verify() { return verifyLoss(*this); }
 LogicalResult NllLossOp::verify() { return verifyLoss(*this); }
 
 /// Checks a loss gradient's operands against the forward loss's rules.
 static LogicalResult verifyLossGrad(Operation *op, Value input, Value targets,
                                     Value grad, LossReduction reduction) {
-  ArrayRef<int64_t> in = tensorType(input).getShape();
-  ArrayRef<int64_t> t = tensorType(targets).getShape();
-  if (in.empty() || in.drop_back() != t)
-    return op->emitOpError("input shape ")
-           << shapeStr(in) << " should be the targets' shape " << shapeStr(t)
-           << " plus a class dim";
+  auto loss = lossShape(tensorType(input).getShape(),
+                        tensorType(targets).getShape(), reduction, opError(op));
+  if (failed(loss))
+    return failure();
   ArrayRef<int64_t> g = tensorType(grad).getShape();
-  bool perElement = reduction == LossReduction::none;
-  if (perElement ? g != t : !g.empty())
+  if (g != ArrayRef<int64_t>(*loss))
     return op->emitOpError("loss gradient shape ")
-           << shapeStr(g) << " should be "
-           << (perElement ? shapeStr(t) : std::string("[] (a scalar)"));
+           << shapeStr(g) << " should be " << lossShapeStr(*loss, reduction);
   if (tensorType(grad).getElementType().isF32()) // an fp32 loss's gradient
     return success();
   return verifySameElementType(op, {input, grad});

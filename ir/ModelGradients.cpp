@@ -319,7 +319,7 @@ LogicalResult GeluOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                      SmallVectorImpl<Value> &og) {
   return unaryGrad(*this, b, rg, og,
                    [this](GradBuilder &gb, Value g, Value x, Value) -> Value {
-                     return gb.b.create<GeluGradOp>(gb.loc, x.getType(), x, g,
+                     return gb.b.create<GeluGradOp>(gb.loc, x, g,
                                                     getApproximate());
                    });
 }
@@ -449,8 +449,7 @@ LogicalResult DropoutOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   // nothing for the backward but the graph itself.
   resetGrads(*this, og);
   if (rg[0])
-    og[0] = b.create<DropoutOp>(getLoc(), rg[0].getType(), rg[0],
-                                getRatioAttr(), getSiteAttr());
+    og[0] = b.create<DropoutOp>(getLoc(), rg[0], getRatioAttr(), getSiteAttr());
   return success();
 }
 
@@ -523,10 +522,8 @@ LogicalResult LayerNormOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   resetGrads(*this, og);
   if (!rg[0])
     return success();
-  auto grads = b.create<LayerNormGradOp>(
-      getLoc(), getInput().getType(), getScale().getType(),
-      getScale().getType(), getInput(), getScale(), rg[0], getDim(),
-      getEpsilon());
+  auto grads = b.create<LayerNormGradOp>(getLoc(), getInput(), getScale(),
+                                         rg[0], getDim(), getEpsilon());
   og[0] = grads.getInputGrad();
   og[1] = grads.getScaleGrad();
   if (getBias())
@@ -539,10 +536,8 @@ LogicalResult RmsNormOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   resetGrads(*this, og);
   if (!rg[0])
     return success();
-  auto grads = b.create<RmsNormGradOp>(getLoc(), getInput().getType(),
-                                       getScale().getType(), getInput(),
-                                       getScale(), rg[0], getDim(),
-                                       getEpsilon());
+  auto grads = b.create<RmsNormGradOp>(getLoc(), getInput(), getScale(), rg[0],
+                                       getDim(), getEpsilon());
   og[0] = grads.getInputGrad();
   og[1] = grads.getScaleGrad();
   return success();
@@ -552,9 +547,9 @@ LogicalResult CrossEntropyOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                              SmallVectorImpl<Value> &og) {
   resetGrads(*this, og);
   if (rg[0])
-    og[0] = b.create<CrossEntropyGradOp>(getLoc(), getInput().getType(),
-                                         getInput(), getTargets(), rg[0],
-                                         getIgnoreIndexAttr(), getReduction());
+    og[0] =
+        b.create<CrossEntropyGradOp>(getLoc(), getInput(), getTargets(), rg[0],
+                                     getIgnoreIndexAttr(), getReduction());
   return success();
 }
 
@@ -574,10 +569,9 @@ LogicalResult CausalAttentionOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg
   // The lse result only feeds the backward; nothing differentiates it.
   if (!rg[0])
     return success();
-  auto grads = b.create<CausalAttentionGradOp>(
-      getLoc(), getQuery().getType(), getKey().getType(), getValue().getType(),
-      getQuery(), getKey(), getValue(), getResult(), getLse(), rg[0],
-      getScaleAttr());
+  auto grads = b.create<CausalAttentionGradOp>(getLoc(), getQuery(), getKey(),
+                                               getValue(), getResult(),
+                                               getLse(), rg[0], getScaleAttr());
   og[0] = grads.getQueryGrad();
   og[1] = grads.getKeyGrad();
   og[2] = grads.getValueGrad();

@@ -20,6 +20,10 @@ defvar Differentiable = DeclareOpInterfaceMethods<Model_GradientOpInterface>;
 /// (with its own diagnostics, before the interface's check), and builders
 /// may omit the result type.
 defvar Inferred = InferTypeOpAdaptor;
+/// As Inferred, but the op may also return an f32 result where the rule
+/// gives another float type (mixed precision keeps losses and attention's
+/// log-sum-exp in f32).
+defvar InferredOrF32 = InferTypeOpAdaptorWithIsCompatible;
 
 def Model_Tensor : StaticShapeTensorOf<[AnyType]>;
 def Model_FloatTensor : StaticShapeTensorOf<[AnyFloat]>;
@@ -426,7 +430,8 @@ class Model_SoftmaxLikeOp<string mnemonic>
 def Model_SoftmaxOp : Model_SoftmaxLikeOp<"softmax"> { let summary = "softmax along one dimension"; }
 def Model_LogSoftmaxOp : Model_SoftmaxLikeOp<"log_softmax"> { let summary = "log of softmax along one dimension"; }
 
-def Model_LayerNormOp : Model_Op<"layer_norm", [Pure, Differentiable]> {
+def Model_LayerNormOp : Model_Op<"layer_norm",
+    [Pure, Differentiable, Inferred]> {
   let summary = "layer normalisation over the trailing dims from `dim` on";
   let description = [{
     `(x - mean) / sqrt(var + epsilon) * scale + bias`, statistics over dims
@@ -448,7 +453,7 @@ def Model_LayerNormOp : Model_Op<"layer_norm", [Pure, Differentiable]> {
   let hasVerifier = 1;
 }
 
-def Model_RmsNormOp : Model_Op<"rms_norm", [Pure, Differentiable]> {
+def Model_RmsNormOp : Model_Op<"rms_norm", [Pure, Differentiable, Inferred]> {
   let summary = "RMS normalisation over the trailing dims from `dim` on";
   let description = [{
     `x / sqrt(mean(x^2) + epsilon) * scale`, the mean over dims `[dim, rank)`.
@@ -468,7 +473,8 @@ def Model_RmsNormOp : Model_Op<"rms_norm", [Pure, Differentiable]> {
   let hasVerifier = 1;
 }
 
-def Model_CausalAttentionOp : Model_Op<"causal_attention", [Pure, Differentiable]> {
+def Model_CausalAttentionOp : Model_Op<"causal_attention",
+    [Pure, Differentiable, InferredOrF32]> {
   let summary = "fused causal self-attention: softmax(scale * q k^T, causal) v";
   let description = [{
     q, k: `[..., t, d]`, v: `[..., t, dv]`; query i attends to keys j <= i.
@@ -524,7 +530,8 @@ def Model_CausalAttentionGradOp : Model_Op<"causal_attention_grad", [Pure,
 // Losses
 //===----------------------------------------------------------------------===//
 
-class Model_LossOp<string mnemonic> : Model_Op<mnemonic, [Pure, Differentiable]> {
+class Model_LossOp<string mnemonic>
+    : Model_Op<mnemonic, [Pure, Differentiable, InferredOrF32]> {
   let arguments = (ins Model_FloatTensor:$input, Model_IntTensor:$targets,
                        OptionalAttr<I64Attr>:$ignore_index,
                        Model_LossReductionAttr:$reduction);

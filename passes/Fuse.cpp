@@ -223,7 +223,7 @@ struct RmsNormPattern : OpRewritePattern<MulOp> {
       if (typeOf(w).getShape() != type.getShape().drop_front(dim) ||
           typeOf(w).getElementType() != type.getElementType())
         continue;
-      rewriter.replaceOpWithNewOp<RmsNormOp>(root, type, x, w,
+      rewriter.replaceOpWithNewOp<RmsNormOp>(root, x, w,
                                              rewriter.getI64IntegerAttr(dim),
                                              rewriter.getF32FloatAttr(eps));
       return success();
@@ -814,10 +814,8 @@ struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
     }
     if (typeOf(k) != qType)
       return failure();
-    auto lseType = RankedTensorType::get(qType.getShape().drop_back(),
-                                         qType.getElementType());
     auto attention = rewriter.create<CausalAttentionOp>(
-        loc, root.getType(), lseType, q, k, v, rewriter.getF32FloatAttr(scale));
+        loc, q, k, v, rewriter.getF32FloatAttr(scale));
     rewriter.replaceOp(root, attention.getResult());
     return success();
   }
