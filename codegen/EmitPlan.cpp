@@ -142,7 +142,7 @@ LogicalResult StepEmitter::emitPlan(const MemoryPlan &plan) {
   os << "PlanInfo makePlan() {\n"
      << "  PlanInfo p{};\n"
      << "  p.abiVersion = kAbiVersion;\n";
-#define FASTLLM_PLAN_FIELD(type, name, key, none, part, doc)                         \
+#define FASTLLM_PLAN_FIELD(type, name, key, none, part, doc)                   \
   os << "  p." #name " = " << plan.name << ";\n";
 #include "runtime/PlanFields.def"
   os << "  p.target = \"" << desc.name << "\";\n"

@@ -166,8 +166,8 @@ ArrayRef<OnnxConverterEntry> mlir::fastllm::getOnnxConverters() {
   return kConverters;
 }
 
-const OnnxConverterEntry *
-mlir::fastllm::lookupOnnxConverter(StringRef opType, int64_t opset) {
+const OnnxConverterEntry *mlir::fastllm::lookupOnnxConverter(StringRef opType,
+                                                             int64_t opset) {
   const OnnxConverterEntry *best = nullptr;
   for (const OnnxConverterEntry &e : kConverters)
     if (opType == e.opType && e.sinceVersion <= opset &&

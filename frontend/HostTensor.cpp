@@ -58,7 +58,8 @@ double mlir::fastllm::roundToType(Type type, double v) {
   if (auto ft = dyn_cast<FloatType>(type)) {
     bool lost;
     llvm::APFloat f(v);
-    f.convert(ft.getFloatSemantics(), llvm::APFloat::rmNearestTiesToEven, &lost);
+    f.convert(ft.getFloatSemantics(), llvm::APFloat::rmNearestTiesToEven,
+              &lost);
     return f.convertToDouble();
   }
   if (type.isInteger(1))
@@ -85,8 +86,8 @@ DenseElementsAttr HostTensor::toAttr() const {
     std::vector<float> v(floats.begin(), floats.begin() + count);
     attr = DenseElementsAttr::get(storage, ArrayRef<float>(v));
   } else if (elementType.isF64()) {
-    attr = DenseElementsAttr::get(storage,
-                                  ArrayRef<double>(floats.data(), count));
+    attr =
+        DenseElementsAttr::get(storage, ArrayRef<double>(floats.data(), count));
   } else if (auto ft = dyn_cast<FloatType>(elementType)) {
     SmallVector<APFloat> v;
     for (int64_t k = 0; k < count; ++k) {

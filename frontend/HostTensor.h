@@ -77,8 +77,9 @@ int64_t broadcastSourceIndex(llvm::ArrayRef<int64_t> index,
                              llvm::ArrayRef<int64_t> operand);
 
 /// Calls `fn(multiIndex, linear)` for every element of `shape`, row-major.
-void forEachIndex(llvm::ArrayRef<int64_t> shape,
-                  llvm::function_ref<void(llvm::ArrayRef<int64_t>, int64_t)> fn);
+void forEachIndex(
+    llvm::ArrayRef<int64_t> shape,
+    llvm::function_ref<void(llvm::ArrayRef<int64_t>, int64_t)> fn);
 
 /// Row-major strides of `shape`.
 llvm::SmallVector<int64_t> stridesOf(llvm::ArrayRef<int64_t> shape);

@@ -84,7 +84,8 @@ public:
   /// another type, which getAttributeError() then reports (the importer
   /// turns it into the node's diagnostic).
   const onnx::AttributeProto *
-  typedAttribute(StringRef name, onnx::AttributeProto::AttributeType type) const;
+  typedAttribute(StringRef name,
+                 onnx::AttributeProto::AttributeType type) const;
   const std::string &getAttributeError() const { return attributeError; }
 
   // Outputs.
@@ -158,9 +159,9 @@ constexpr int64_t kMaxTotalFoldElements = int64_t(1) << 27;
 
 /// Decodes a TensorProto held inside the model (Constant nodes and their
 /// kin) into a host tensor; external data is not accepted here.
-FailureOr<HostTensor> decodeTensorProto(const onnx::TensorProto &tensor,
-                                        MLIRContext *context,
-                                        llvm::function_ref<InFlightDiagnostic()> error);
+FailureOr<HostTensor>
+decodeTensorProto(const onnx::TensorProto &tensor, MLIRContext *context,
+                  llvm::function_ref<InFlightDiagnostic()> error);
 
 /// The MLIR element type of an ONNX TensorProto data type, or null.
 Type convertOnnxElementType(MLIRContext *context, int32_t dataType);

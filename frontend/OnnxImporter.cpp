@@ -88,12 +88,13 @@ OwningOpRef<ModuleOp> mlir::fastllm::importOnnxFile(MLIRContext *context,
     return mlir::emitError(loc) << "the file is empty", nullptr;
   }
   if (options.textFormat) {
-    auto buffer = llvm::MemoryBuffer::getOpenFile(fd, path, size,
-                                                  /*RequiresNullTerminator=*/true);
+    auto buffer =
+        llvm::MemoryBuffer::getOpenFile(fd, path, size,
+                                        /*RequiresNullTerminator=*/true);
     ::close(fd);
     if (!buffer)
-      return mlir::emitError(loc) << "cannot read the file: "
-                                  << buffer.getError().message(),
+      return mlir::emitError(loc)
+                 << "cannot read the file: " << buffer.getError().message(),
              nullptr;
     return importOnnxBuffer(context, (*buffer)->getBuffer(), path, dir,
                             options);

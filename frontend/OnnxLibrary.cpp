@@ -65,7 +65,8 @@ std::string mlir::fastllm::parseOnnxText(const std::string &text,
 /// The newest default-domain opset the installed ONNX library describes.
 static int libraryOpset() {
   static const int version = [] {
-    const auto &map = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
+    const auto &map =
+        onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
     auto it = map.find(onnx::ONNX_DOMAIN);
     return it == map.end() ? 0 : it->second.second;
   }();
@@ -75,14 +76,31 @@ static int libraryOpset() {
 /// Ops whose schema changed in opset 18 (ONNX's changelog): a library that
 /// stops at 17 would check them against the wrong form.
 static bool changedInOpset18(const std::string &op) {
-  static const char *const changed[] = {
-      "ReduceL1",       "ReduceL2",     "ReduceLogSum", "ReduceLogSumExp",
-      "ReduceMax",      "ReduceMean",   "ReduceMin",    "ReduceProd",
-      "ReduceSumSquare", "Split",       "Pad",          "Resize",
-      "ScatterElements", "ScatterND",   "LpPool",       "Col2Im",
-      "BitwiseAnd",     "BitwiseOr",    "BitwiseXor",   "BitwiseNot",
-      "CenterCropPad",  "GroupNormalization", "Mish",
-      "OptionalHasElement", "OptionalGetElement"};
+  static const char *const changed[] = {"ReduceL1",
+                                        "ReduceL2",
+                                        "ReduceLogSum",
+                                        "ReduceLogSumExp",
+                                        "ReduceMax",
+                                        "ReduceMean",
+                                        "ReduceMin",
+                                        "ReduceProd",
+                                        "ReduceSumSquare",
+                                        "Split",
+                                        "Pad",
+                                        "Resize",
+                                        "ScatterElements",
+                                        "ScatterND",
+                                        "LpPool",
+                                        "Col2Im",
+                                        "BitwiseAnd",
+                                        "BitwiseOr",
+                                        "BitwiseXor",
+                                        "BitwiseNot",
+                                        "CenterCropPad",
+                                        "GroupNormalization",
+                                        "Mish",
+                                        "OptionalHasElement",
+                                        "OptionalGetElement"};
   for (const char *name : changed)
     if (op == name)
       return true;
@@ -95,25 +113,76 @@ static bool changedInOpset18(const std::string &op) {
 struct Opset18Form {
   const char *op;
   int minInputs, maxInputs, minOutputs, maxOutputs;
-  std::initializer_list<std::pair<const char *, onnx::AttributeProto::AttributeType>>
+  std::initializer_list<
+      std::pair<const char *, onnx::AttributeProto::AttributeType>>
       attributes;
 };
 
 static const Opset18Form *opset18Form(const std::string &op) {
   using A = onnx::AttributeProto;
   static const Opset18Form forms[] = {
-      {"ReduceMean", 1, 2, 1, 1, {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
-      {"ReduceMax", 1, 2, 1, 1, {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
-      {"ReduceMin", 1, 2, 1, 1, {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
-      {"ReduceProd", 1, 2, 1, 1, {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
-      {"ReduceL1", 1, 2, 1, 1, {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
-      {"ReduceL2", 1, 2, 1, 1, {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
-      {"ReduceLogSum", 1, 2, 1, 1, {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
-      {"ReduceLogSumExp", 1, 2, 1, 1, {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
-      {"ReduceSumSquare", 1, 2, 1, 1, {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
+      {"ReduceMean",
+       1,
+       2,
+       1,
+       1,
+       {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
+      {"ReduceMax",
+       1,
+       2,
+       1,
+       1,
+       {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
+      {"ReduceMin",
+       1,
+       2,
+       1,
+       1,
+       {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
+      {"ReduceProd",
+       1,
+       2,
+       1,
+       1,
+       {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
+      {"ReduceL1",
+       1,
+       2,
+       1,
+       1,
+       {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
+      {"ReduceL2",
+       1,
+       2,
+       1,
+       1,
+       {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
+      {"ReduceLogSum",
+       1,
+       2,
+       1,
+       1,
+       {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
+      {"ReduceLogSumExp",
+       1,
+       2,
+       1,
+       1,
+       {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
+      {"ReduceSumSquare",
+       1,
+       2,
+       1,
+       1,
+       {{"keepdims", A::INT}, {"noop_with_empty_axes", A::INT}}},
       {"Split", 1, 2, 1, 1 << 20, {{"axis", A::INT}, {"num_outputs", A::INT}}},
       {"Pad", 2, 4, 1, 1, {{"mode", A::STRING}}},
-      {"ScatterElements", 3, 3, 1, 1, {{"axis", A::INT}, {"reduction", A::STRING}}},
+      {"ScatterElements",
+       3,
+       3,
+       1,
+       1,
+       {{"axis", A::INT}, {"reduction", A::STRING}}},
       {"ScatterND", 3, 3, 1, 1, {{"reduction", A::STRING}}},
   };
   for (const Opset18Form &f : forms)

@@ -1,4 +1,5 @@
-//===- OnnxLibrary.h - ONNX's own parser and schemas, without throwing -*- C++ -*-===//
+//===- OnnxLibrary.h - ONNX's own parser and schemas, without throwing -*- C++
+//-*-===//
 //
 // The ONNX library reports errors by throwing C++ exceptions (its text
 // parser's number conversions, its schema checks), while LLVM and MLIR code

@@ -4,18 +4,18 @@
 #include "ir/Plan.h"
 #include "llvm/ADT/SmallString.h"
 
+#include "mlir/Dialect/Traits.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
 #include "mlir/IR/OpImplementation.h"
-#include "mlir/Dialect/Traits.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
 using namespace mlir::fastllm::model;
 
+#include "ir/GradientInterface.cpp.inc"
 #include "ir/ModelDialect.cpp.inc"
 #include "ir/ModelEnums.cpp.inc"
-#include "ir/GradientInterface.cpp.inc"
 
 #define GET_ATTRDEF_CLASSES
 #include "ir/ModelAttrs.cpp.inc"
@@ -370,14 +370,15 @@ LogicalResult ParameterOp::verify() {
   if (auto value = getInitialValueAttr())
     if (value.getType() != getType())
       return emitOpError("initial value type ")
-             << value.getType() << " does not match parameter type " << getType();
+             << value.getType() << " does not match parameter type "
+             << getType();
   return success();
 }
 
 LogicalResult
 GetParameterOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
-  auto param = symbolTable.lookupNearestSymbolFrom<ParameterOp>(*this,
-                                                                 getNameAttr());
+  auto param =
+      symbolTable.lookupNearestSymbolFrom<ParameterOp>(*this, getNameAttr());
   if (!param)
     return emitOpError("'") << getName() << "' does not name a model.parameter";
   if (param.getType() != getType())
@@ -392,9 +393,9 @@ OpFoldResult ConstantOp::fold(FoldAdaptor) { return getValue(); }
 // Elementwise
 //===----------------------------------------------------------------------===//
 
-template <typename BinaryOp>
-static LogicalResult verifyBinary(BinaryOp op) {
-  if (failed(verifySameElementType(op, {op.getLhs(), op.getRhs(), op.getResult()})))
+template <typename BinaryOp> static LogicalResult verifyBinary(BinaryOp op) {
+  if (failed(verifySameElementType(op,
+                                   {op.getLhs(), op.getRhs(), op.getResult()})))
     return failure();
   return verifyBroadcastResult(op, {op.getLhs(), op.getRhs()}, op.getResult());
 }
@@ -495,10 +496,11 @@ LogicalResult SelectOp::inferReturnTypes(MLIRContext *,
 }
 
 LogicalResult SelectOp::verify() {
-  if (failed(verifySameElementType(*this, {getOnTrue(), getOnFalse(), getResult()})))
+  if (failed(verifySameElementType(*this,
+                                   {getOnTrue(), getOnFalse(), getResult()})))
     return failure();
-  return verifyBroadcastResult(*this, {getCondition(), getOnTrue(), getOnFalse()},
-                               getResult());
+  return verifyBroadcastResult(
+      *this, {getCondition(), getOnTrue(), getOnFalse()}, getResult());
 }
 
 //===----------------------------------------------------------------------===//
@@ -536,8 +538,8 @@ LogicalResult MatmulAccumulateGradOp::verify() {
                      getTransposeRhs(), opError(*this));
 }
 
-LogicalResult MatmulAccumulateGradOp::verifySymbolUses(
-    SymbolTableCollection &symbolTable) {
+LogicalResult
+MatmulAccumulateGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
   auto param =
       symbolTable.lookupNearestSymbolFrom<ParameterOp>(*this, getNameAttr());
   if (!param)
@@ -717,8 +719,8 @@ LogicalResult BroadcastOp::verify() {
   ArrayRef<int64_t> in = tensorType(getInput()).getShape();
   ArrayRef<int64_t> out = tensorType(getResult()).getShape();
   if (in.size() > out.size())
-    return emitOpError("cannot broadcast rank ") << in.size() << " to rank "
-                                                 << out.size();
+    return emitOpError("cannot broadcast rank ")
+           << in.size() << " to rank " << out.size();
   for (size_t i = 0; i < in.size(); ++i) {
     int64_t d = in[in.size() - 1 - i], o = out[out.size() - 1 - i];
     if (d != o && d != 1)
@@ -767,8 +769,7 @@ static LogicalResult inferReduce(std::optional<Location> location,
                      in.getElementType(), inferred);
 }
 
-template <typename ReduceOp>
-static LogicalResult verifyReduce(ReduceOp op) {
+template <typename ReduceOp> static LogicalResult verifyReduce(ReduceOp op) {
   auto expected = reduceShape(tensorType(op.getInput()).getShape(),
                               op.getDims(), op.getKeepDims(), opError(op));
   if (failed(expected) ||
@@ -943,8 +944,7 @@ static LogicalResult inferLoss(std::optional<Location> location,
       in.getElementType(), inferred);
 }
 
-template <typename LossOp>
-static LogicalResult verifyLoss(LossOp op) {
+template <typename LossOp> static LogicalResult verifyLoss(LossOp op) {
   auto expected = lossShape(tensorType(op.getInput()).getShape(),
                             tensorType(op.getTargets()).getShape(),
                             op.getReduction(), opError(op));
@@ -1026,8 +1026,8 @@ LogicalResult RmsNormGradOp::verify() {
 
 LogicalResult
 AccumulateGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
-  auto param = symbolTable.lookupNearestSymbolFrom<ParameterOp>(*this,
-                                                                 getNameAttr());
+  auto param =
+      symbolTable.lookupNearestSymbolFrom<ParameterOp>(*this, getNameAttr());
   if (!param)
     return emitOpError("'") << getName() << "' does not name a model.parameter";
   // A bf16 gradient of an f32 parameter is widened (exactly) as it is added.
@@ -1050,7 +1050,8 @@ AccumulateGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
 //===----------------------------------------------------------------------===//
 
 /// Stage and slot are indices; a collective's request is waited exactly once.
-static LogicalResult verifyStageSlot(Operation *op, int64_t stage, int64_t slot) {
+static LogicalResult verifyStageSlot(Operation *op, int64_t stage,
+                                     int64_t slot) {
   if (stage < 0 || slot < 0)
     return op->emitOpError("stage and slot must be non-negative, got stage ")
            << stage << " and slot " << slot;
@@ -1067,7 +1068,8 @@ static LogicalResult verifyCollective(Operation *op, int64_t stage,
                            "model.wait), it has ")
            << std::distance(request.use_begin(), request.use_end()) << " uses";
   if (request.getUsers().begin()->getBlock() != op->getBlock())
-    return op->emitOpError("request must be waited in the block that starts it");
+    return op->emitOpError(
+        "request must be waited in the block that starts it");
   return success();
 }
 

@@ -13,8 +13,8 @@
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "mlir/Interfaces/ViewLikeInterface.h"
 
-#include "ir/ModelDialect.h.inc"
 #include "ir/GradientInterface.h.inc"
+#include "ir/ModelDialect.h.inc"
 #include "ir/ModelEnums.h.inc"
 
 #define GET_ATTRDEF_CLASSES

@@ -39,7 +39,8 @@ public:
   }
   Value zerosLike(RankedTensorType t) {
     return b.create<ConstantOp>(
-        loc, DenseElementsAttr::get(t, b.getFloatAttr(t.getElementType(), 0.0)));
+        loc,
+        DenseElementsAttr::get(t, b.getFloatAttr(t.getElementType(), 0.0)));
   }
 
   template <typename OpTy> Value binary(Value x, Value y) {
@@ -99,9 +100,9 @@ public:
     Value r = reshape(g, kept);
     if (ArrayRef<int64_t>(kept) == input.getShape())
       return r;
-    return b.create<BroadcastOp>(loc, RankedTensorType::get(
-                                          input.getShape(), type(g).getElementType()),
-                                 r);
+    return b.create<BroadcastOp>(
+        loc, RankedTensorType::get(input.getShape(), type(g).getElementType()),
+        r);
   }
 
   OpBuilder &b;
@@ -196,7 +197,8 @@ LogicalResult PowOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
     else
       dx = gb.mul(gb.mul(g, gb.binary<PowOp>(x, gb.scalarLike(*c - 1, x))), *c);
   } else {
-    dx = gb.mul(gb.mul(g, y), gb.binary<PowOp>(x, gb.sub(y, gb.scalarLike(1, y))));
+    dx = gb.mul(gb.mul(g, y),
+                gb.binary<PowOp>(x, gb.sub(y, gb.scalarLike(1, y))));
   }
   og[0] = gb.sumToShape(dx, GradBuilder::type(x));
   if (!splatConstant(y))
@@ -233,87 +235,97 @@ static LogicalResult unaryGrad(OpTy op, OpBuilder &b, ArrayRef<Value> rg,
 
 LogicalResult SqrtOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                      SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value, Value y) {
-    return gb.div(gb.mul(g, 0.5), y);
-  });
+  return unaryGrad(*this, b, rg, og,
+                   [](GradBuilder &gb, Value g, Value, Value y) {
+                     return gb.div(gb.mul(g, 0.5), y);
+                   });
 }
 LogicalResult RsqrtOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                       SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value, Value y) {
-    return gb.mul(gb.mul(g, gb.mul(gb.mul(y, y), y)), -0.5);
-  });
+  return unaryGrad(*this, b, rg, og,
+                   [](GradBuilder &gb, Value g, Value, Value y) {
+                     return gb.mul(gb.mul(g, gb.mul(gb.mul(y, y), y)), -0.5);
+                   });
 }
 LogicalResult ReciprocalOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                            SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value, Value y) {
-    return gb.neg(gb.mul(g, gb.mul(y, y)));
-  });
+  return unaryGrad(*this, b, rg, og,
+                   [](GradBuilder &gb, Value g, Value, Value y) {
+                     return gb.neg(gb.mul(g, gb.mul(y, y)));
+                   });
 }
 LogicalResult NegOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                     SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value, Value) {
-    return gb.neg(g);
-  });
+  return unaryGrad(
+      *this, b, rg, og,
+      [](GradBuilder &gb, Value g, Value, Value) { return gb.neg(g); });
 }
 LogicalResult ExpOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                     SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value, Value y) {
-    return gb.mul(g, y);
-  });
+  return unaryGrad(
+      *this, b, rg, og,
+      [](GradBuilder &gb, Value g, Value, Value y) { return gb.mul(g, y); });
 }
 LogicalResult LogOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                     SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value x, Value) {
-    return gb.div(g, x);
-  });
+  return unaryGrad(
+      *this, b, rg, og,
+      [](GradBuilder &gb, Value g, Value x, Value) { return gb.div(g, x); });
 }
 LogicalResult TanhOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                      SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value, Value y) {
-    return gb.mul(g, gb.sub(gb.scalarLike(1, y), gb.mul(y, y)));
-  });
+  return unaryGrad(
+      *this, b, rg, og, [](GradBuilder &gb, Value g, Value, Value y) {
+        return gb.mul(g, gb.sub(gb.scalarLike(1, y), gb.mul(y, y)));
+      });
 }
 LogicalResult ErfOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                     SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value x, Value) {
-    Value e = gb.unary<ExpOp>(gb.neg(gb.mul(x, x)));
-    return gb.mul(gb.mul(g, e), 2.0 / std::sqrt(M_PI));
-  });
+  return unaryGrad(*this, b, rg, og,
+                   [](GradBuilder &gb, Value g, Value x, Value) {
+                     Value e = gb.unary<ExpOp>(gb.neg(gb.mul(x, x)));
+                     return gb.mul(gb.mul(g, e), 2.0 / std::sqrt(M_PI));
+                   });
 }
 LogicalResult SigmoidOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                         SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value, Value y) {
-    return gb.mul(gb.mul(g, y), gb.sub(gb.scalarLike(1, y), y));
-  });
+  return unaryGrad(
+      *this, b, rg, og, [](GradBuilder &gb, Value g, Value, Value y) {
+        return gb.mul(gb.mul(g, y), gb.sub(gb.scalarLike(1, y), y));
+      });
 }
 LogicalResult ReluOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                      SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value x, Value) {
-    Value zero = gb.scalarLike(0, x);
-    Value positive = gb.b.create<CmpOp>(gb.loc, CmpPredicate::gt, x, zero);
-    return gb.select(positive, g, zero);
-  });
+  return unaryGrad(
+      *this, b, rg, og, [](GradBuilder &gb, Value g, Value x, Value) {
+        Value zero = gb.scalarLike(0, x);
+        Value positive = gb.b.create<CmpOp>(gb.loc, CmpPredicate::gt, x, zero);
+        return gb.select(positive, g, zero);
+      });
 }
 LogicalResult SiluOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                      SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value x, Value) {
-    // d(x s(x)) = s * (1 + x * (1 - s))
-    Value s = gb.unary<SigmoidOp>(x);
-    Value one = gb.scalarLike(1, x);
-    return gb.mul(g, gb.mul(s, gb.add(one, gb.mul(x, gb.sub(one, s)))));
-  });
+  return unaryGrad(
+      *this, b, rg, og, [](GradBuilder &gb, Value g, Value x, Value) {
+        // d(x s(x)) = s * (1 + x * (1 - s))
+        Value s = gb.unary<SigmoidOp>(x);
+        Value one = gb.scalarLike(1, x);
+        return gb.mul(g, gb.mul(s, gb.add(one, gb.mul(x, gb.sub(one, s)))));
+      });
 }
 LogicalResult SinOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                     SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value x, Value) {
-    return gb.mul(g, gb.unary<CosOp>(x));
-  });
+  return unaryGrad(*this, b, rg, og,
+                   [](GradBuilder &gb, Value g, Value x, Value) {
+                     return gb.mul(g, gb.unary<CosOp>(x));
+                   });
 }
 LogicalResult CosOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                     SmallVectorImpl<Value> &og) {
-  return unaryGrad(*this, b, rg, og, [](GradBuilder &gb, Value g, Value x, Value) {
-    return gb.neg(gb.mul(g, gb.unary<SinOp>(x)));
-  });
+  return unaryGrad(*this, b, rg, og,
+                   [](GradBuilder &gb, Value g, Value x, Value) {
+                     return gb.neg(gb.mul(g, gb.unary<SinOp>(x)));
+                   });
 }
 LogicalResult GeluOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                      SmallVectorImpl<Value> &og) {
@@ -557,13 +569,14 @@ LogicalResult NllLossOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                         SmallVectorImpl<Value> &og) {
   resetGrads(*this, og);
   if (rg[0])
-    og[0] = b.create<NllLossGradOp>(getLoc(), getInput().getType(),
-                                    getTargets(), rg[0], getIgnoreIndexAttr(),
-                                    getReduction());
+    og[0] =
+        b.create<NllLossGradOp>(getLoc(), getInput().getType(), getTargets(),
+                                rg[0], getIgnoreIndexAttr(), getReduction());
   return success();
 }
 
-LogicalResult CausalAttentionOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
+LogicalResult CausalAttentionOp::buildGradients(OpBuilder &b,
+                                                ArrayRef<Value> rg,
                                                 SmallVectorImpl<Value> &og) {
   resetGrads(*this, og);
   // The lse result only feeds the backward; nothing differentiates it.

@@ -64,7 +64,8 @@ void mlir::fastllm::printModelSummary(ModuleOp module, llvm::raw_ostream &os) {
     os << "    ops: " << total << "\n";
     SmallVector<std::pair<StringRef, int64_t>> sorted(histogram.begin(),
                                                       histogram.end());
-    llvm::stable_sort(sorted, [](auto &a, auto &b) { return a.second > b.second; });
+    llvm::stable_sort(sorted,
+                      [](auto &a, auto &b) { return a.second > b.second; });
     for (auto &[name, count] : sorted)
       os << llvm::format("      %-24s %6lld\n", name.str().c_str(),
                          (long long)count);
@@ -72,7 +73,8 @@ void mlir::fastllm::printModelSummary(ModuleOp module, llvm::raw_ostream &os) {
   os << "  largest parameters:\n";
   SmallVector<model::ParameterOp> params(module.getOps<model::ParameterOp>());
   llvm::stable_sort(params, [](model::ParameterOp a, model::ParameterOp b) {
-    return a.getTensorType().getNumElements() > b.getTensorType().getNumElements();
+    return a.getTensorType().getNumElements() >
+           b.getTensorType().getNumElements();
   });
   for (model::ParameterOp p : ArrayRef(params).take_front(8)) {
     os << "    " << p.getSymName() << ": ";

@@ -9,7 +9,7 @@
 namespace mlir::fastllm {
 
 struct ModelStats {
-  int64_t numParameters = 0;      ///< model.parameter symbols
+  int64_t numParameters = 0; ///< model.parameter symbols
   int64_t numParameterElements = 0;
   int64_t parameterBytes = 0;
 };

@@ -43,8 +43,8 @@ private:
 /// parameters' `frozen` marks.
 static LogicalResult applyFreezeRegexes(ModuleOp module, StringRef freeze,
                                         StringRef train) {
-  for (auto [pattern, flag, value] :
-       {std::tuple{train, "--train", false}, std::tuple{freeze, "--freeze", true}}) {
+  for (auto [pattern, flag, value] : {std::tuple{train, "--train", false},
+                                      std::tuple{freeze, "--freeze", true}}) {
     if (pattern.empty())
       continue;
     llvm::Regex regex(pattern);
@@ -95,7 +95,8 @@ LogicalResult AutodiffPass::differentiate(func::FuncOp step) {
         active.insert(get.getResult());
       continue;
     }
-    if (!llvm::any_of(op.getOperands(), [&](Value v) { return active.count(v); }))
+    if (!llvm::any_of(op.getOperands(),
+                      [&](Value v) { return active.count(v); }))
       continue;
     for (Value r : op.getResults())
       if (isFloatTensor(r))
@@ -114,7 +115,8 @@ LogicalResult AutodiffPass::differentiate(func::FuncOp step) {
       it->second = b.create<AddOp>(loc, it->second, g);
   };
   if (!active.count(loss))
-    return step.emitError("the loss does not depend on any trainable parameter");
+    return step.emitError(
+        "the loss does not depend on any trainable parameter");
   auto lossType = cast<RankedTensorType>(loss.getType());
   addGrad(loss,
           b.create<ConstantOp>(
@@ -186,10 +188,9 @@ void AutodiffPass::runOnOperation() {
     return signalPassFailure();
   }
   FunctionType type = forward.getFunctionType();
-  auto lossType =
-      type.getNumResults() == 1
-          ? dyn_cast<RankedTensorType>(type.getResult(0))
-          : RankedTensorType();
+  auto lossType = type.getNumResults() == 1
+                      ? dyn_cast<RankedTensorType>(type.getResult(0))
+                      : RankedTensorType();
   if (!lossType || lossType.getRank() != 0 ||
       !isa<FloatType>(lossType.getElementType())) {
     forward.emitError("@forward must return one scalar float loss, got ")

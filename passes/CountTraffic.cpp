@@ -39,7 +39,8 @@ void CountTrafficPass::runOnOperation() {
     module.emitError("no func.func @train_step whose collectives to count");
     return signalPassFailure();
   }
-  auto stageBytes = [&](Operation *op, int64_t stage) -> std::optional<int64_t> {
+  auto stageBytes = [&](Operation *op,
+                        int64_t stage) -> std::optional<int64_t> {
     if (stage < 0 || stage >= plan->numStages()) {
       op->emitOpError("names stage ")
           << stage << " of a plan with " << plan->numStages() << " stages";

@@ -47,7 +47,8 @@ std::optional<double> splatValue(Value v) {
 
 bool isConstant(Value v, double expected) {
   std::optional<double> c = splatValue(v);
-  return c && std::abs(*c - expected) <= 1e-6 * std::max(1.0, std::abs(expected));
+  return c &&
+         std::abs(*c - expected) <= 1e-6 * std::max(1.0, std::abs(expected));
 }
 
 RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
@@ -124,7 +125,8 @@ bool isCube(Value v, Value x) {
   SmallVector<Value> factors;
   SmallVector<Operation *> muls;
   collectFactors(v, /*isRoot=*/true, factors, muls);
-  return factors.size() == 3 && llvm::all_of(factors, [&](Value f) { return f == x; });
+  return factors.size() == 3 &&
+         llvm::all_of(factors, [&](Value f) { return f == x; });
 }
 
 /// True if `v` is x^2, as pow(x, 2) or x * x.
@@ -140,7 +142,8 @@ bool isSquare(Value v, Value x) {
 /// GELU: the product 0.5 * x * (1 + erf(x/sqrt2)) or the tanh form.
 struct GeluPattern : OpRewritePattern<MulOp> {
   using OpRewritePattern::OpRewritePattern;
-  LogicalResult matchAndRewrite(MulOp root, PatternRewriter &rewriter) const override {
+  LogicalResult matchAndRewrite(MulOp root,
+                                PatternRewriter &rewriter) const override {
     SmallVector<Value> factors;
     SmallVector<Operation *> muls;
     collectFactors(root.getResult(), true, factors, muls);
@@ -151,7 +154,8 @@ struct GeluPattern : OpRewritePattern<MulOp> {
       if (!inner || typeOf(x) != typeOf(root.getResult()))
         continue;
       if (auto erf = inner.getDefiningOp<ErfOp>()) {
-        if (inner.hasOneUse() && matchScaledBy(erf.getInput(), std::sqrt(2.0)) == x) {
+        if (inner.hasOneUse() &&
+            matchScaledBy(erf.getInput(), std::sqrt(2.0)) == x) {
           rewriter.replaceOpWithNewOp<GeluOp>(root, x, GeluApproximation::none);
           return success();
         }
@@ -190,7 +194,8 @@ struct GeluPattern : OpRewritePattern<MulOp> {
       // What remains is x^3: one pow/cube factor, or three x factors.
       if (cubic.size() == 1 && isCube(cubic[0], x))
         return true;
-      if (cubic.size() == 3 && llvm::all_of(cubic, [&](Value f) { return f == x; }))
+      if (cubic.size() == 3 &&
+          llvm::all_of(cubic, [&](Value f) { return f == x; }))
         return true;
       if (cubic.size() == 2 && takeValue(cubic, x) && isSquare(cubic[0], x))
         return true;
@@ -202,7 +207,8 @@ struct GeluPattern : OpRewritePattern<MulOp> {
 /// RMSNorm: x * r * w with r = 1 / sqrt(mean(x^2, trailing dims) + eps).
 struct RmsNormPattern : OpRewritePattern<MulOp> {
   using OpRewritePattern::OpRewritePattern;
-  LogicalResult matchAndRewrite(MulOp root, PatternRewriter &rewriter) const override {
+  LogicalResult matchAndRewrite(MulOp root,
+                                PatternRewriter &rewriter) const override {
     SmallVector<Value> factors;
     SmallVector<Operation *> muls;
     collectFactors(root.getResult(), true, factors, muls);
@@ -240,7 +246,8 @@ struct RmsNormPattern : OpRewritePattern<MulOp> {
       sqrtArg = rsqrt.getInput();
     } else {
       Value s;
-      if (auto div = r.getDefiningOp<DivOp>(); div && isConstant(div.getLhs(), 1.0))
+      if (auto div = r.getDefiningOp<DivOp>();
+          div && isConstant(div.getLhs(), 1.0))
         s = div.getRhs();
       else if (auto rec = r.getDefiningOp<ReciprocalOp>())
         s = rec.getInput();
@@ -279,8 +286,10 @@ struct RmsNormPattern : OpRewritePattern<MulOp> {
 
 /// SiLU: x * sigmoid(x).
 struct SiluPattern : OpRewritePattern<MulOp> {
-  SiluPattern(MLIRContext *context) : OpRewritePattern(context, /*benefit=*/1) {}
-  LogicalResult matchAndRewrite(MulOp mul, PatternRewriter &rewriter) const override {
+  SiluPattern(MLIRContext *context)
+      : OpRewritePattern(context, /*benefit=*/1) {}
+  LogicalResult matchAndRewrite(MulOp mul,
+                                PatternRewriter &rewriter) const override {
     for (auto [x, s] : {std::pair{mul.getLhs(), mul.getRhs()},
                         std::pair{mul.getRhs(), mul.getLhs()}}) {
       auto sigmoid = s.getDefiningOp<SigmoidOp>();
@@ -309,11 +318,14 @@ public:
   virtual ~KnownTensor() = default;
 
   ArrayRef<int64_t> shape() const { return type.getShape(); }
-  int64_t rowLength() const { return type.getRank() ? type.getShape().back() : 1; }
+  int64_t rowLength() const {
+    return type.getRank() ? type.getShape().back() : 1;
+  }
 
   /// Reads the row at `outer` (one index per dim but the last) into `row`
   /// (rowLength() elements); false when an element has no exact value.
-  virtual bool readRow(ArrayRef<int64_t> outer, MutableArrayRef<double> row) = 0;
+  virtual bool readRow(ArrayRef<int64_t> outer,
+                       MutableArrayRef<double> row) = 0;
 
   RankedTensorType type;
 };
@@ -397,9 +409,11 @@ public:
       auto it = dense.value_begin<APInt>() + base;
       for (int64_t j = 0; j < length; ++j, ++it) {
         APInt v = *it;
-        if (i.isUnsigned() ? v.getActiveBits() > 53 : v.getSignificantBits() > 53)
+        if (i.isUnsigned() ? v.getActiveBits() > 53
+                           : v.getSignificantBits() > 53)
           return false;
-        row[j] = i.isUnsigned() ? double(v.getZExtValue()) : double(v.getSExtValue());
+        row[j] = i.isUnsigned() ? double(v.getZExtValue())
+                                : double(v.getSExtValue());
       }
     } else if (isa<FloatType>(element)) {
       auto it = dense.value_begin<APFloat>() + base;
@@ -472,12 +486,14 @@ public:
     int64_t length = rowLength(), inputLength = input->rowLength();
     int64_t begin = rowIndex(shape(), outer) * length;
     for (int64_t done = 0; done < length;) {
-      int64_t at = begin + done, r = at / inputLength, offset = at % inputLength;
+      int64_t at = begin + done, r = at / inputLength,
+              offset = at % inputLength;
       if (r != cachedRow) {
         // The outer index of input row r.
         ArrayRef<int64_t> in = input->shape();
         SmallVector<int64_t> inputOuter(in.empty() ? 0 : in.size() - 1);
-        for (int64_t d = (int64_t)inputOuter.size() - 1, rest = r; d >= 0; --d) {
+        for (int64_t d = (int64_t)inputOuter.size() - 1, rest = r; d >= 0;
+             --d) {
           inputOuter[d] = rest % in[d];
           rest /= in[d];
         }
@@ -506,7 +522,8 @@ public:
   using Apply = std::function<bool(ArrayRef<SmallVector<double>> operandRows,
                                    MutableArrayRef<double> row)>;
   KnownMap(RankedTensorType type, SmallVector<KnownPtr> operands, Apply apply)
-      : KnownTensor(type), operands(std::move(operands)), apply(std::move(apply)),
+      : KnownTensor(type), operands(std::move(operands)),
+        apply(std::move(apply)),
         rows(this->operands.size(), SmallVector<double>(rowLength())) {}
 
   bool readRow(ArrayRef<int64_t> outer, MutableArrayRef<double> row) override {
@@ -525,8 +542,7 @@ private:
 /// The KnownMap::Apply of an elementwise function `f` of N operands,
 /// returning a double or, where a result may have no exact value, an
 /// optional one.
-template <size_t N, typename F>
-KnownMap::Apply elementwise(F f) {
+template <size_t N, typename F> KnownMap::Apply elementwise(F f) {
   return [f](ArrayRef<SmallVector<double>> in, MutableArrayRef<double> row) {
     std::array<double, N> x;
     for (size_t j = 0; j < row.size(); ++j) {
@@ -560,7 +576,8 @@ KnownPtr buildKnown(Value v, int &budget) {
   if (auto c = dyn_cast<ConstantOp>(op))
     return leaf(c.getValue());
   if (auto get = dyn_cast<GetParameterOp>(op)) {
-    auto param = SymbolTable::lookupNearestSymbolFrom<ParameterOp>(get, get.getNameAttr());
+    auto param = SymbolTable::lookupNearestSymbolFrom<ParameterOp>(
+        get, get.getNameAttr());
     if (!param || !param.getFrozen() || !param.getInitialValue())
       return nullptr;
     return leaf(*param.getInitialValue());
@@ -583,7 +600,8 @@ KnownPtr buildKnown(Value v, int &budget) {
 
   Type element = type.getElementType();
   auto map = [&](KnownMap::Apply apply) -> KnownPtr {
-    return std::make_unique<KnownMap>(type, std::move(operands), std::move(apply));
+    return std::make_unique<KnownMap>(type, std::move(operands),
+                                      std::move(apply));
   };
   using X1 = std::array<double, 1>;
   using X2 = std::array<double, 2>;
@@ -600,13 +618,16 @@ KnownPtr buildKnown(Value v, int &budget) {
     return map(elementwise<1>([=](const X1 &x) -> std::optional<double> {
       // Float to integer truncates toward zero; to i1 is x != 0.
       if (isa<IntegerType>(element) && !element.isInteger(1))
-        return std::isfinite(x[0]) ? roundTo(element, std::trunc(x[0])) : std::nullopt;
+        return std::isfinite(x[0]) ? roundTo(element, std::trunc(x[0]))
+                                   : std::nullopt;
       return roundTo(element, x[0]);
     }));
   if (isa<NotOp>(op))
-    return map(elementwise<1>([](const X1 &x) { return x[0] == 0 ? 1.0 : 0.0; }));
+    return map(
+        elementwise<1>([](const X1 &x) { return x[0] == 0 ? 1.0 : 0.0; }));
   if (isa<NegOp>(op))
-    return map(elementwise<1>([=](const X1 &x) { return roundTo(element, -x[0]); }));
+    return map(
+        elementwise<1>([=](const X1 &x) { return roundTo(element, -x[0]); }));
   if (isa<AndOp>(op))
     return map(elementwise<2>(
         [](const X2 &x) { return x[0] != 0 && x[1] != 0 ? 1.0 : 0.0; }));
@@ -614,7 +635,8 @@ KnownPtr buildKnown(Value v, int &budget) {
     return map(elementwise<2>(
         [](const X2 &x) { return x[0] != 0 || x[1] != 0 ? 1.0 : 0.0; }));
   if (isa<SelectOp>(op))
-    return map(elementwise<3>([](const X3 &x) { return x[0] != 0 ? x[1] : x[2]; }));
+    return map(
+        elementwise<3>([](const X3 &x) { return x[0] != 0 ? x[1] : x[2]; }));
   if (isa<AddOp>(op))
     return arith([](double a, double b) { return a + b; });
   if (isa<SubOp>(op))
@@ -624,12 +646,18 @@ KnownPtr buildKnown(Value v, int &budget) {
   if (auto cmp = dyn_cast<CmpOp>(op)) {
     auto compare = [](CmpPredicate p, double a, double b) {
       switch (p) {
-      case CmpPredicate::eq: return a == b;
-      case CmpPredicate::ne: return a != b;
-      case CmpPredicate::lt: return a < b;
-      case CmpPredicate::le: return a <= b;
-      case CmpPredicate::gt: return a > b;
-      case CmpPredicate::ge: return a >= b;
+      case CmpPredicate::eq:
+        return a == b;
+      case CmpPredicate::ne:
+        return a != b;
+      case CmpPredicate::lt:
+        return a < b;
+      case CmpPredicate::le:
+        return a <= b;
+      case CmpPredicate::gt:
+        return a > b;
+      case CmpPredicate::ge:
+        return a >= b;
       }
       llvm_unreachable("unknown predicate");
     };
@@ -679,8 +707,8 @@ bool isCausalMask(Value mask, RankedTensorType scores, MaskForm form) {
       bool keep = j <= i, set = row[j] != 0;
       bool causal = form == MaskForm::Future ? set != keep
                     : form == MaskForm::Past ? set == keep
-                    : keep ? row[j] == 0
-                           : isMaskedOut(row[j]);
+                    : keep                   ? row[j] == 0
+                                             : isMaskedOut(row[j]);
       if (!causal)
         return false;
     }
@@ -733,13 +761,15 @@ SmallVector<MaskedScores, 2> maskedScores(Value masked) {
 /// trainable parameter.
 struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
   using OpRewritePattern::OpRewritePattern;
-  LogicalResult matchAndRewrite(MatmulOp root, PatternRewriter &rewriter) const override {
+  LogicalResult matchAndRewrite(MatmulOp root,
+                                PatternRewriter &rewriter) const override {
     auto softmax = root.getLhs().getDefiningOp<SoftmaxOp>();
     if (!softmax || !root.getLhs().hasOneUse())
       return failure();
     Value masked = softmax.getInput();
     int64_t rank = typeOf(masked).getRank();
-    if (rank < 2 || (int64_t)softmax.getDim() != rank - 1 || !masked.hasOneUse())
+    if (rank < 2 || (int64_t)softmax.getDim() != rank - 1 ||
+        !masked.hasOneUse())
       return failure();
     for (auto [scores, mask, form] : maskedScores(masked)) {
       auto qk = matchScaledProduct(scores);
@@ -753,7 +783,8 @@ struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
 
   /// `scores` as scale * (q @ k^T) (the scale as a product or a division,
   /// or none), each value with no other use: the product and the scale.
-  static std::optional<std::pair<MatmulOp, double>> matchScaledProduct(Value scores) {
+  static std::optional<std::pair<MatmulOp, double>>
+  matchScaledProduct(Value scores) {
     if (!scores.hasOneUse())
       return std::nullopt;
     double scale = 1.0;
@@ -761,7 +792,8 @@ struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
     if (auto mul = scores.getDefiningOp<MulOp>()) {
       for (auto [x, c] : {std::pair{mul.getLhs(), mul.getRhs()},
                           std::pair{mul.getRhs(), mul.getLhs()}})
-        if (std::optional<double> v = splatValue(c); v && x.getType() == scores.getType()) {
+        if (std::optional<double> v = splatValue(c);
+            v && x.getType() == scores.getType()) {
           scale = *v;
           qk = x;
         }
@@ -825,11 +857,13 @@ struct CausalAttentionPattern : OpRewritePattern<MatmulOp> {
 struct RsqrtPattern : RewritePattern {
   RsqrtPattern(MLIRContext *context)
       : RewritePattern(MatchAnyOpTypeTag(), /*benefit=*/1, context) {}
-  LogicalResult matchAndRewrite(Operation *op, PatternRewriter &rewriter) const override {
+  LogicalResult matchAndRewrite(Operation *op,
+                                PatternRewriter &rewriter) const override {
     Value s;
     if (auto rec = dyn_cast<ReciprocalOp>(op))
       s = rec.getInput();
-    else if (auto div = dyn_cast<DivOp>(op); div && isConstant(div.getLhs(), 1.0))
+    else if (auto div = dyn_cast<DivOp>(op);
+             div && isConstant(div.getLhs(), 1.0))
       s = div.getRhs();
     auto sqrt = s ? s.getDefiningOp<SqrtOp>() : nullptr;
     if (!sqrt || !s.hasOneUse() || s.getType() != op->getResult(0).getType())
@@ -846,7 +880,8 @@ struct FusePass : fastllm::impl::FusePassBase<FusePass> {
     patterns.add<GeluPattern, RmsNormPattern, CausalAttentionPattern>(
         &getContext(), /*benefit=*/2);
     patterns.add<SiluPattern, RsqrtPattern>(&getContext());
-    if (failed(applyPatternsAndFoldGreedily(getOperation(), std::move(patterns))))
+    if (failed(
+            applyPatternsAndFoldGreedily(getOperation(), std::move(patterns))))
       return signalPassFailure();
   }
 };

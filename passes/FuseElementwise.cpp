@@ -94,7 +94,8 @@ SmallVector<Value> groupInputs(ArrayRef<Operation *> ordered,
 SmallVector<Operation *> inProgramOrder(const llvm::SetVector<Operation *> &g,
                                         const BlockIndex &index) {
   SmallVector<Operation *> ops(g.begin(), g.end());
-  llvm::sort(ops, [&](Operation *a, Operation *b) { return index.before(a, b); });
+  llvm::sort(ops,
+             [&](Operation *a, Operation *b) { return index.before(a, b); });
   return ops;
 }
 

@@ -41,7 +41,8 @@ SmallVector<Segment> findSegments(Block &body) {
     active.insert(arg);
   SmallVector<Operation *> ops;
   for (Operation &op : body.without_terminator()) {
-    if (llvm::none_of(op.getOperands(), [&](Value v) { return active.count(v); }))
+    if (llvm::none_of(op.getOperands(),
+                      [&](Value v) { return active.count(v); }))
       continue;
     for (Value r : op.getResults())
       active.insert(r);
@@ -144,7 +145,8 @@ void PartitionStagesPass::runOnOperation() {
                    : i < bestStart + bestCount * bestPeriod
                        ? 1 + (i - bestStart) / bestPeriod
                        : 1 + bestCount;
-    numLayers = 1 + bestCount + (bestStart + bestCount * bestPeriod < n ? 1 : 0);
+    numLayers =
+        1 + bestCount + (bestStart + bestCount * bestPeriod < n ? 1 : 0);
     if (bestStart == 0) // no embedding segment before the blocks
       for (int64_t &l : layerOf)
         --l;
@@ -205,8 +207,8 @@ void PartitionStagesPass::runOnOperation() {
     }
   for (auto param : module.getOps<ParameterOp>()) {
     auto it = paramStage.find(param.getSymName());
-    param->setAttr(kStageAttr,
-                   b.getI64IntegerAttr(it == paramStage.end() ? 0 : it->second));
+    param->setAttr(kStageAttr, b.getI64IntegerAttr(
+                                   it == paramStage.end() ? 0 : it->second));
   }
   module->setAttr("model.num_layers", b.getI64IntegerAttr(numLayers));
   module->setAttr("model.num_stages", b.getI64IntegerAttr(numStages));

@@ -22,16 +22,16 @@
 //===----------------------------------------------------------------------===//
 
 #include "ir/Plan.h"
-#include "passes/Pipelines.h"
 #include "passes/Passes.h"
+#include "passes/Pipelines.h"
 #include "passes/Zero.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/Support/MathExtras.h"
 
 #include <map>
-#include <set>
 #include <numeric>
+#include <set>
 
 namespace mlir::fastllm {
 #define GEN_PASS_DEF_ZEROLAYOUTPASS
@@ -84,7 +84,8 @@ void ZeroLayoutPass::layOutParameters(ModuleOp module, MemoryPlan &plan) {
   std::map<int64_t, SmallVector<ParameterOp>> byStage;
   for (auto param : module.getOps<ParameterOp>()) {
     if (param.getFrozen()) {
-      param->setAttr(kParamOffsetAttr, b.getI64IntegerAttr(plan.frozenElements));
+      param->setAttr(kParamOffsetAttr,
+                     b.getI64IntegerAttr(plan.frozenElements));
       plan.frozenElements +=
           llvm::alignTo(param.getTensorType().getNumElements(), elemAlign);
       continue;
@@ -225,9 +226,11 @@ void ZeroLayoutPass::assignSlots(MemoryPlan &plan, int64_t numGrad,
     if (!plan.stageElements[s])
       continue;
     if (!gradTies.count(s))
-      plan.stageGradSlot[s] = assign(s, used++ % numGrad, plan.gradSlotElements);
+      plan.stageGradSlot[s] =
+          assign(s, used++ % numGrad, plan.gradSlotElements);
     if (zeroStage == 3 && !weightTies.count(s))
-      plan.stageWeightSlot[s] = assign(s, shared++ % numWeight, plan.weightSlotElements);
+      plan.stageWeightSlot[s] =
+          assign(s, shared++ % numWeight, plan.weightSlotElements);
   }
   plan.gradSlotElements.resize(std::min(used, numGrad), 0);
   for (int64_t owner : gradTies) {
@@ -251,7 +254,8 @@ void ZeroLayoutPass::splitParameterReads(func::FuncOp step,
                                          SymbolTable &symbols,
                                          MemoryPlan &plan) {
   OpBuilder b(step.getContext());
-  SmallVector<GetParameterOp> gets(step.getBody().front().getOps<GetParameterOp>());
+  SmallVector<GetParameterOp> gets(
+      step.getBody().front().getOps<GetParameterOp>());
   for (GetParameterOp get : gets) {
     auto param = symbols.lookup<ParameterOp>(get.getName());
     if (param.getFrozen()) // read from the frozen array, always there
@@ -295,7 +299,8 @@ void ZeroLayoutPass::runOnOperation() {
   }
   auto step = module.lookupSymbol<func::FuncOp>("train_step");
   if (!step) {
-    module.emitError("no func.func @train_step to lay out; run fastllm-autodiff first");
+    module.emitError(
+        "no func.func @train_step to lay out; run fastllm-autodiff first");
     return signalPassFailure();
   }
   for (auto param : module.getOps<ParameterOp>())
@@ -323,7 +328,8 @@ void ZeroLayoutPass::runOnOperation() {
   Block &body = step.getBody().front();
   if (zeroStage >= 2)
     for (auto acc : body.getOps<AccumulateGradOp>()) {
-      int64_t owner = parameterStage(symbols.lookup<ParameterOp>(acc.getName()));
+      int64_t owner =
+          parameterStage(symbols.lookup<ParameterOp>(acc.getName()));
       if (stageOf(acc) != owner && plan.stageElements[owner])
         gradTies.insert(owner);
     }
@@ -339,18 +345,22 @@ void ZeroLayoutPass::runOnOperation() {
   // Defaults (docs/DESIGN.md section 3): two gradient buffers for ZeRO-2/3, two
   // weight buffers for ZeRO-3, shared by the stages without ties; never more
   // slots than stages to serve.
-  int64_t served = llvm::count_if(plan.stageElements, [](int64_t e) { return e > 0; });
+  int64_t served =
+      llvm::count_if(plan.stageElements, [](int64_t e) { return e > 0; });
   int64_t numGrad = numGradBuffers, numWeight = numWeightBuffers;
   assignSlots(plan,
-              std::max<int64_t>(1, std::min<int64_t>(numGrad, served - gradTies.size())),
-              std::max<int64_t>(1, std::min<int64_t>(numWeight, served - weightTies.size())),
+              std::max<int64_t>(
+                  1, std::min<int64_t>(numGrad, served - gradTies.size())),
+              std::max<int64_t>(
+                  1, std::min<int64_t>(numWeight, served - weightTies.size())),
               gradTies, weightTies);
   if (zeroStage == 3)
     splitParameterReads(step, symbols, plan);
   if (zeroStage >= 2) {
     Builder b(module.getContext());
     for (auto acc : step.getBody().front().getOps<AccumulateGradOp>()) {
-      int64_t owner = parameterStage(symbols.lookup<ParameterOp>(acc.getName()));
+      int64_t owner =
+          parameterStage(symbols.lookup<ParameterOp>(acc.getName()));
       if (plan.stageGradSlot[owner] >= 0) // else: no elements to add
         acc->setAttr(kSlotAttr, b.getI64IntegerAttr(plan.stageGradSlot[owner]));
     }

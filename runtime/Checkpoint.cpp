@@ -611,7 +611,8 @@ namespace {
 /// Whether `name` is an OutputFile temporary: `<target>.tmp-XXXXXX`.
 bool isTemporary(const char *name) {
   const char *at = std::strstr(name, kTemporarySuffix);
-  return at && at != name && std::strlen(at) == std::strlen(kTemporarySuffix) + 6;
+  return at && at != name &&
+         std::strlen(at) == std::strlen(kTemporarySuffix) + 6;
 }
 
 /// The entries of `folder` (not . and ..), or an error.
@@ -631,8 +632,7 @@ Expected<std::vector<std::string>> entries(const std::string &folder) {
 
 } // namespace
 
-Expected<int64_t>
-fastllm::rt::removeOrphanTemporaries(const std::string &dir) {
+Expected<int64_t> fastllm::rt::removeOrphanTemporaries(const std::string &dir) {
   int64_t removed = 0;
   std::vector<std::string> folders = {dir};
   Expected<std::vector<int64_t>> steps = listCheckpointSteps(dir);
@@ -726,8 +726,7 @@ CheckpointLock::~CheckpointLock() {
     ::close(fd); // releases the flock
 }
 
-CheckpointLock::CheckpointLock(CheckpointLock &&other) noexcept
-    : fd(other.fd) {
+CheckpointLock::CheckpointLock(CheckpointLock &&other) noexcept : fd(other.fd) {
   other.fd = -1;
 }
 

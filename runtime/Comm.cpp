@@ -264,8 +264,7 @@ void Communicator::answerProbes() {
   answers.erase(std::remove_if(answers.begin(), answers.end(),
                                [](Handle::Answer &a) {
                                  int sent = 0;
-                                 MPI_Test(&a.request, &sent,
-                                          MPI_STATUS_IGNORE);
+                                 MPI_Test(&a.request, &sent, MPI_STATUS_IGNORE);
                                  return sent != 0;
                                }),
                 answers.end());
@@ -349,13 +348,12 @@ Request Communicator::ireduceScatterSum(const float *in, float *out,
     copyUnlessSame(in, out, n);
     return r;
   }
-  r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL},
-                                            issue()});
+  r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL}, issue()});
   // In place (in == out): the buffer holds every rank's part and the
   // result lands at its start.
   check(MPI_Ireduce_scatter_block(in == out ? MPI_IN_PLACE : in, out, int(n),
-                                  MPI_FLOAT, MPI_SUM,
-                                  handle->comm, &r.pending->requests[0]),
+                                  MPI_FLOAT, MPI_SUM, handle->comm,
+                                  &r.pending->requests[0]),
         op);
   return r;
 }
@@ -372,8 +370,7 @@ Request Communicator::iallGather(const float *in, float *out, int64_t n) {
     copyUnlessSame(in, out, n);
     return r;
   }
-  r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL},
-                                            issue()});
+  r.pending.reset(new Request::Pending{this, op, {MPI_REQUEST_NULL}, issue()});
   bool inPlace = in == out + int64_t(myRank) * n;
   check(MPI_Iallgather(inPlace ? MPI_IN_PLACE : in, int(n), MPI_FLOAT, out,
                        int(n), MPI_FLOAT, handle->comm,
@@ -394,8 +391,8 @@ void Communicator::allGather(const float *in, float *out, int64_t n) {
   iallGather(in, out, n).wait();
 }
 
-void Communicator::allReduceSumOrdered(const double *in, double *out,
-                                       int64_t n, double *perRank) {
+void Communicator::allReduceSumOrdered(const double *in, double *out, int64_t n,
+                                       double *perRank) {
   const char *op = "all-reduce";
   if (n > INT_MAX / std::max(worldSize, 1))
     fail(op, "of " + std::to_string(n) +

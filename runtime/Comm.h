@@ -181,7 +181,6 @@ private:
   std::atomic<int64_t> currentStep{0};
   CommBytes counters;
   int64_t issued = 0; ///< collectives issued so far
-
 };
 
 } // namespace fastllm::rt

@@ -93,8 +93,8 @@ Expected<TokenFile> TokenFile::open(const std::string &path, TokenDtype dtype,
       return errorf("data file '%s': its header says %u bytes per token (2 or "
                     "4 expected)",
                     file, h.bytesPerToken);
-    TokenDtype fileDtype = h.bytesPerToken == 2 ? TokenDtype::U16
-                                                : TokenDtype::U32;
+    TokenDtype fileDtype =
+        h.bytesPerToken == 2 ? TokenDtype::U16 : TokenDtype::U32;
     if (dtypeGiven && fileDtype != dtype)
       return errorf("data file '%s' holds %s ids (its header says so) but "
                     "--data-dtype is %s; drop the flag",
@@ -117,8 +117,7 @@ Expected<TokenFile> TokenFile::open(const std::string &path, TokenDtype dtype,
   if (idBytes % width != 0)
     return errorf("data file '%s' has %lld bytes, not a multiple of %lld "
                   "(--data-dtype %s)",
-                  file, (long long)idBytes, (long long)width,
-                  dtypeName(dtype));
+                  file, (long long)idBytes, (long long)width, dtypeName(dtype));
   int64_t n = idBytes / width;
   if (n < seqLen + 2)
     return errorf("data file '%s' has %lld tokens; seq-len %lld needs at "
@@ -128,22 +127,20 @@ Expected<TokenFile> TokenFile::open(const std::string &path, TokenDtype dtype,
   tokens.ids = static_cast<const char *>(base) + headerBytes;
   tokens.dtype = dtype;
   tokens.numTokens = n;
-  int64_t bad =
-      dtype == TokenDtype::U16
-          ? firstIdAtLeast(static_cast<const uint16_t *>(tokens.ids), n,
-                           vocabSize)
-          : firstIdAtLeast(static_cast<const uint32_t *>(tokens.ids), n,
-                           vocabSize);
+  int64_t bad = dtype == TokenDtype::U16
+                    ? firstIdAtLeast(static_cast<const uint16_t *>(tokens.ids),
+                                     n, vocabSize)
+                    : firstIdAtLeast(static_cast<const uint32_t *>(tokens.ids),
+                                     n, vocabSize);
   if (bad < n) {
     int64_t id;
     tokens.read(bad, 1, &id);
     return errorf("data file '%s': token %lld at position %lld is not below "
                   "the vocabulary size %lld%s",
                   file, (long long)id, (long long)bad, (long long)vocabSize,
-                  headerBytes ? ""
-                  : dtype == TokenDtype::U16
-                      ? " (is --data-dtype u16 right?)"
-                      : " (is --data-dtype u32 right?)");
+                  headerBytes                ? ""
+                  : dtype == TokenDtype::U16 ? " (is --data-dtype u16 right?)"
+                                             : " (is --data-dtype u32 right?)");
   }
   return tokens;
 }

@@ -1,8 +1,8 @@
 //===- Flags.h - the training binary's command line -------------*- C++ -*-===//
 //
-// The flags of `run/train` (docs/DESIGN.md section 4). They are checked completely
-// before anything is read or written, so a typo costs an error message, not a
-// half-started run.
+// The flags of `run/train` (docs/DESIGN.md section 4). They are checked
+// completely before anything is read or written, so a typo costs an error
+// message, not a half-started run.
 //
 //===----------------------------------------------------------------------===//
 

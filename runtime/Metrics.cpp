@@ -95,7 +95,8 @@ Expected<MetricsFile> MetricsFile::create(const std::string &path,
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
       fcntl(fd, F_SETFL, O_APPEND) != 0) {
     ::close(fd);
-    return refuse("'" + path + "' is not a regular file; refusing to write "
+    return refuse("'" + path +
+                  "' is not a regular file; refusing to write "
                   "to it");
   }
   m.file = fdopen(fd, "a");

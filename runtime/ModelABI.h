@@ -1,4 +1,5 @@
-//===- ModelABI.h - what generated code and the runtime agree on -*- C++ -*-===//
+//===- ModelABI.h - what generated code and the runtime agree on -*- C++
+//-*-===//
 //
 // The compiler emits one C++ (or CUDA) translation unit per model that
 // defines `fastllm_plan()` and `fastllm_step()`; the runtime's main() links
@@ -61,10 +62,10 @@ struct ParamInfo {
   int32_t rank;
   int64_t shape[kMaxRank];
   int64_t numel;
-  int64_t offset;         ///< element offset into the flat params/grads
-                          ///< arrays, or into `frozen` when not trainable
-  int32_t trainable;      ///< 0 when frozen (--freeze): no update
-  int32_t weightDecay;    ///< 1 when AdamW's decay applies (rank >= 2)
+  int64_t offset;      ///< element offset into the flat params/grads
+                       ///< arrays, or into `frozen` when not trainable
+  int32_t trainable;   ///< 0 when frozen (--freeze): no update
+  int32_t weightDecay; ///< 1 when AdamW's decay applies (rank >= 2)
 };
 
 /// A parameter's name, exactly as the model spells it.
@@ -85,8 +86,8 @@ inline std::string paramName(const ParamInfo &p) {
 /// no parameter are padding: the runtime keeps them zero in params, and
 /// ignores them in grads (the step need not write them).
 struct StageInfo {
-  int64_t offset;   ///< first element in the flat params/grads arrays
-  int64_t elements; ///< padded length
+  int64_t offset;     ///< first element in the flat params/grads arrays
+  int64_t elements;   ///< padded length
   int32_t gradSlot;   ///< ZeRO-2/3: the gradient slot it uses, else -1
   int32_t weightSlot; ///< ZeRO-3: the weight slot it uses, else -1
 };
@@ -116,7 +117,7 @@ struct PlanInfo {
   int32_t abiVersion;
 #define FASTLLM_PLAN_FIELD(type, name, key, none, part, doc) type name;
 #include "runtime/PlanFields.def"
-  const char *target;     ///< "cpu" or "cuda"
+  const char *target;       ///< "cpu" or "cuda"
   const char *tokensInput;  ///< the model input fed with tokens
   const char *targetsInput; ///< the model input fed with next tokens
   int32_t numParams;

@@ -24,10 +24,10 @@ AdamW::AdamW(const PlanInfo &plan, const AdamWConfig &config, int64_t rank)
     const StageInfo *stage = std::upper_bound(
         plan.stages, stagesEnd, p.offset,
         [](int64_t x, const StageInfo &s) { return x < s.offset; });
-    ShardSlice slice =
-        shardSlice(plan, int32_t(stage - plan.stages) - 1, rank);
+    ShardSlice slice = shardSlice(plan, int32_t(stage - plan.stages) - 1, rank);
     int64_t begin = std::max(p.offset, slice.fullOffset);
-    int64_t end = std::min(p.offset + p.numel, slice.fullOffset + slice.elements);
+    int64_t end =
+        std::min(p.offset + p.numel, slice.fullOffset + slice.elements);
     if (begin >= end)
       continue; // in other ranks' shards
     int64_t at = slice.shardOffset + (begin - slice.fullOffset);

@@ -44,7 +44,9 @@ public:
   bool open();
   /// Appends bytes; false (and error()) on failure.
   bool write(const void *data, size_t bytes);
-  bool write(const std::string &text) { return write(text.data(), text.size()); }
+  bool write(const std::string &text) {
+    return write(text.data(), text.size());
+  }
   /// Syncs the temporary, checks the target again and renames over it, then
   /// syncs the folder. Returns false (and error()) on failure; the target is
   /// then untouched.

@@ -68,9 +68,7 @@ inline uint32_t dropoutThreshold(float p) {
 }
 
 /// The factor kept elements are multiplied by, 1 / (1 - p), as PyTorch does.
-inline float dropoutScale(float p) {
-  return float(1.0 / (1.0 - double(p)));
-}
+inline float dropoutScale(float p) { return float(1.0 / (1.0 - double(p))); }
 
 /// The four dropout words of elements [4 * group, 4 * group + 4) of global
 /// sample `sample` at dropout site `site` in 0-based step `step`.

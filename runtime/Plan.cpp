@@ -111,8 +111,8 @@ Status validateStages(const PlanInfo &plan) {
       bool used;
       int32_t slot, count;
       const SlotInfo *table;
-    } uses[] = {{"gradient", plan.zeroStage >= 2, s.gradSlot,
-                 plan.numGradSlots, plan.gradSlots},
+    } uses[] = {{"gradient", plan.zeroStage >= 2, s.gradSlot, plan.numGradSlots,
+                 plan.gradSlots},
                 {"weight", plan.zeroStage == 3, s.weightSlot,
                  plan.numWeightSlots, plan.weightSlots}};
     for (const auto &u : uses)
@@ -139,11 +139,11 @@ Status validateRegions(const PlanInfo &plan) {
   int64_t shardBytes = fullBytes / dp;
   int64_t tokenBytes = 0;
   if (__builtin_mul_overflow(plan.batchSize, plan.seqLen, &tokenBytes) ||
-      __builtin_mul_overflow(tokenBytes, int64_t(sizeof(int64_t)),
-                             &tokenBytes))
+      __builtin_mul_overflow(tokenBytes, int64_t(sizeof(int64_t)), &tokenBytes))
     tokenBytes = INT64_MAX; // fails the arena check below
   std::vector<Extent> extents = {
-      {"params", fullParams ? plan.paramsOffset : 0, fullParams ? fullBytes : 0},
+      {"params", fullParams ? plan.paramsOffset : 0,
+       fullParams ? fullBytes : 0},
       {"grads", fullGrads ? plan.gradsOffset : 0, fullGrads ? fullBytes : 0},
       {"master", plan.masterOffset, shardBytes},
       {"adam m", plan.adamMOffset, shardBytes},
@@ -170,8 +170,8 @@ Status validateRegions(const PlanInfo &plan) {
       return invalid(name + " has " + str(elements) +
                      " elements, not a multiple of dp inside the arena");
     slotNames.push_back(name);
-    extents.push_back({slotNames.back().c_str(), offset,
-                       elements * int64_t(sizeof(float))});
+    extents.push_back(
+        {slotNames.back().c_str(), offset, elements * int64_t(sizeof(float))});
     return Status();
   };
   for (int32_t i = 0; i < plan.numGradSlots; ++i) {
@@ -192,8 +192,8 @@ Status validateRegions(const PlanInfo &plan) {
                         : 4;
     if (e.offset < 0 || e.bytes < 0 || e.offset % align != 0 ||
         e.bytes > plan.arenaBytes || e.offset > plan.arenaBytes - e.bytes)
-      return invalid(std::string(e.name) + " region [" + str(e.offset) +
-                     ", +" + str(e.bytes) + ") is misaligned or outside the " +
+      return invalid(std::string(e.name) + " region [" + str(e.offset) + ", +" +
+                     str(e.bytes) + ") is misaligned or outside the " +
                      "arena of " + str(plan.arenaBytes) + " bytes");
   }
   for (const Extent &a : extents)
@@ -214,17 +214,19 @@ Status validateParams(const PlanInfo &plan) {
   std::vector<std::pair<int64_t, int32_t>> byOffset; // (key, index)
   for (int32_t i = 0; i < plan.numParams; ++i) {
     const ParamInfo &p = plan.params[i];
-    std::string what = "parameter #" + str(i) +
-                       (p.name ? " '" + paramName(p) + "'" : "");
+    std::string what =
+        "parameter #" + str(i) + (p.name ? " '" + paramName(p) + "'" : "");
     bool ok = p.name && p.nameBytes >= 0 && p.rank >= 0 && p.rank <= kMaxRank &&
               p.numel >= 0;
     int64_t numel = 1;
     for (int32_t d = 0; ok && d < p.rank; ++d)
-      ok = p.shape[d] >= 0 && !__builtin_mul_overflow(numel, p.shape[d], &numel);
+      ok =
+          p.shape[d] >= 0 && !__builtin_mul_overflow(numel, p.shape[d], &numel);
     // Trainable parameters live in the stages, frozen ones in their array
     // when the plan has one.
     const bool frozenArray = inFrozenArray(plan, p);
-    const int64_t limit = frozenArray ? plan.frozenElements : plan.paramElements;
+    const int64_t limit =
+        frozenArray ? plan.frozenElements : plan.paramElements;
     if (!ok || numel != p.numel || p.offset < 0 || p.offset > limit - p.numel)
       return invalid(what + " has an inconsistent shape or lies outside the " +
                      str(limit) + (frozenArray ? " frozen" : " parameter") +
@@ -255,8 +257,8 @@ Status validateParams(const PlanInfo &plan) {
     const ParamInfo &a = plan.params[byOffset[k - 1].second];
     const ParamInfo &b = plan.params[byOffset[k].second];
     if (byOffset[k - 1].first + a.numel > byOffset[k].first)
-      return invalid("parameters '" + std::string(a.name) + "' and '" +
-                     b.name + "' overlap");
+      return invalid("parameters '" + std::string(a.name) + "' and '" + b.name +
+                     "' overlap");
   }
   return Status();
 }

@@ -285,7 +285,8 @@ Status fastllm::rt::saveParams(const std::string &path, const PlanInfo &plan,
     if (!from)
       return errorf("'%s': no frozen array to write parameter '%s' from",
                     path.c_str(), paramName(p).c_str());
-    tensors.push_back({paramName(p), std::vector<int64_t>(p.shape, p.shape + p.rank),
+    tensors.push_back({paramName(p),
+                       std::vector<int64_t>(p.shape, p.shape + p.rank),
                        from + p.offset});
   }
   return writeSafetensors(path, tensors, {{"format", "pt"}}, written);

@@ -231,7 +231,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
         *adamV = region(plan.adamVOffset),
         *gradShard = region(plan.gradShardOffset);
   auto *tokens = reinterpret_cast<int64_t *>(arena->get() + plan.tokensOffset);
-  auto *targets = reinterpret_cast<int64_t *>(arena->get() + plan.targetsOffset);
+  auto *targets =
+      reinterpret_cast<int64_t *>(arena->get() + plan.targetsOffset);
   Expected<std::unique_ptr<ShardComm>> shardComm =
       createShardComm(comm, opts.collectiveTimeout);
   if (!shardComm)
@@ -488,8 +489,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       if (int sig = int(perRank[2 * r + 1])) {
         if (!stopSignal)
           stopSignal = sig;
-        stoppedRanks += (stoppedRanks.empty() ? "" : ", ") +
-                        std::to_string(r) + " (" + stopSignalName(sig) + ")";
+        stoppedRanks += (stoppedRanks.empty() ? "" : ", ") + std::to_string(r) +
+                        " (" + stopSignalName(sig) + ")";
       }
     // A non-finite norm means some gradient is NaN or infinite: the update
     // would spread it into every weight it touches. Nothing is applied.

@@ -7,8 +7,8 @@
 // backward for ZeRO-2/3), the global norm is summed over ranks, and clipping
 // and AdamW update the rank's shard of the fp32 master weights, which are
 // all-gathered into the full params the next step reads (ZeRO-1/2) or by
-// the step itself, stage by stage (ZeRO-3). The step function is a parameter so that tests
-// can train a fake model with known gradients.
+// the step itself, stage by stage (ZeRO-3). The step function is a parameter so
+// that tests can train a fake model with known gradients.
 //
 //===----------------------------------------------------------------------===//
 
@@ -54,11 +54,11 @@ Status checkWorldSize(const PlanInfo &plan, int worldSize);
 /// StepRecord); rank 0's log ends with them next to the plan's prediction.
 ///
 /// Resume is bit-exact: a checkpoint holds each rank's shards of the master
-/// weights and of AdamW's m and v, AdamW's step count, and the step; everything else a step depends on is a function
-/// of the options and the step number (the samplers hash (seed, step,
-/// sample), the schedule reads the step, the gradients are zeroed every
-/// step). The metrics file keeps its lines up to the checkpoint's step and
-/// the resumed run appends to it.
+/// weights and of AdamW's m and v, AdamW's step count, and the step; everything
+/// else a step depends on is a function of the options and the step number (the
+/// samplers hash (seed, step, sample), the schedule reads the step, the
+/// gradients are zeroed every step). The metrics file keeps its lines up to the
+/// checkpoint's step and the resumed run appends to it.
 ///
 /// A step whose global gradient norm is not finite is skipped (nothing is
 /// updated) and marked in the metrics; opts.maxSkippedSteps in a row end the

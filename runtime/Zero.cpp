@@ -43,9 +43,8 @@ void Zero::reduceScatterGrads(float scale) {
   for (int32_t k = 0; k < plan.numStages; ++k) {
     ShardSlice s = shardSlice(plan, k, 0);
     if (s.elements)
-      pending[k] = shards.startReduceScatter(grads + plan.stages[k].offset,
-                                             gradShard + s.shardOffset,
-                                             s.elements);
+      pending[k] = shards.startReduceScatter(
+          grads + plan.stages[k].offset, gradShard + s.shardOffset, s.elements);
   }
   for (int32_t k = 0; k < plan.numStages; ++k) {
     if (pending[k] < 0)
@@ -81,9 +80,8 @@ void Zero::gatherToHost(const float *shard, float *full) {
   for (int32_t k = 0; k < plan.numStages; ++k) {
     ShardSlice s = shardSlice(plan, k, 0);
     if (s.elements)
-      pending.push_back(comm.iallGather(shard + s.shardOffset,
-                                        full + plan.stages[k].offset,
-                                        s.elements));
+      pending.push_back(comm.iallGather(
+          shard + s.shardOffset, full + plan.stages[k].offset, s.elements));
   }
   for (Request &r : pending)
     r.wait();
@@ -105,8 +103,8 @@ int32_t Zero::startGather(int32_t stage, int32_t slot) {
     deviceCopy(out, master + s.shardOffset, s.elements);
     return track({});
   }
-  return track({shards.startAllGather(master + s.shardOffset, out,
-                                      s.elements)});
+  return track(
+      {shards.startAllGather(master + s.shardOffset, out, s.elements)});
 }
 
 int32_t Zero::startReduce(int32_t stage, int32_t slot) {

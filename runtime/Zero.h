@@ -1,8 +1,8 @@
 //===- Zero.h - moving ZeRO shards between ranks ----------------*- C++ -*-===//
 //
 // The moves between the full-size buffers the step uses and this rank's
-// shards (docs/DESIGN.md section 3): stage k's shard of rank r is full[offset_k +
-// r * e_k / dp, + e_k / dp) <-> shard[offset_k / dp, + e_k / dp). With dp = 1
+// shards (docs/DESIGN.md section 3): stage k's shard of rank r is full[offset_k
+// + r * e_k / dp, + e_k / dp) <-> shard[offset_k / dp, + e_k / dp). With dp = 1
 // the shard is the whole stage and the moves are local copies that
 // communicate (and count) nothing. Collectives go through the target's
 // ShardComm and elementwise work through runtime/Device.h, so on a GPU all

@@ -27,8 +27,8 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
-#include "mlir/Support/Timing.h"
 #include "mlir/Support/FileUtilities.h"
+#include "mlir/Support/Timing.h"
 #include "llvm/Config/llvm-config.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -69,7 +69,7 @@ static bool writeFile(StringRef path, StringRef text) {
 
 /// Every file `compile` may leave in the output folder.
 static constexpr const char *kArtifacts[] = {
-    "plan.mlir", "plan.json",           "train_step.cpp", "train_step.cu",
+    "plan.mlir",           "plan.json", "train_step.cpp", "train_step.cu",
     "weights.safetensors", "build.log", "train"};
 
 namespace {
@@ -131,7 +131,8 @@ public:
       }
     for (const char *name : kArtifacts) {
       if (sys::fs::exists(path(name))) {
-        if (std::string why = ::fastllm::rt::renameInto(path(name), target(name));
+        if (std::string why =
+                ::fastllm::rt::renameInto(path(name), target(name));
             !why.empty()) {
           compileError() << why << "\n";
           return false;
@@ -181,7 +182,8 @@ static Report makeReport(const mlir::fastllm::MemoryPlan &plan) {
           plan.dataParallel > 1 ? 16 : 0};
 }
 
-static std::string planJson(ModuleOp module, const mlir::fastllm::MemoryPlan &plan,
+static std::string planJson(ModuleOp module,
+                            const mlir::fastllm::MemoryPlan &plan,
                             StringRef target) {
   json::Array params;
   for (auto p : module.getOps<mlir::fastllm::model::ParameterOp>()) {
@@ -192,7 +194,9 @@ static std::string planJson(ModuleOp module, const mlir::fastllm::MemoryPlan &pl
     params.push_back(json::Object{
         {"name", p.getSymName()},
         {"shape", std::move(shape)},
-        {"offset", p->getAttrOfType<IntegerAttr>(mlir::fastllm::kParamOffsetAttr).getInt()},
+        {"offset",
+         p->getAttrOfType<IntegerAttr>(mlir::fastllm::kParamOffsetAttr)
+             .getInt()},
         {"stage", stage ? stage.getInt() : 0},
         {"trainable", !p.getFrozen()}});
   }
@@ -212,7 +216,7 @@ static std::string planJson(ModuleOp module, const mlir::fastllm::MemoryPlan &pl
   Report r = makeReport(plan);
   // Every scalar of the plan, under the key runtime/PlanFields.def gives it.
   json::Object fields;
-#define FASTLLM_PLAN_FIELD(type, name, key, none, part, doc)                         \
+#define FASTLLM_PLAN_FIELD(type, name, key, none, part, doc)                   \
   fields[#key] = plan.name;
 #include "runtime/PlanFields.def"
   json::Object root{
@@ -225,44 +229,50 @@ static std::string planJson(ModuleOp module, const mlir::fastllm::MemoryPlan &pl
       {"weight_slots", slots(plan.weightSlotOffsets, plan.weightSlotElements)},
       {"params", std::move(params)},
       {"memory_per_rank",
-       json::Object{{"weight_buffers_bytes", r.weights},
-                    {"gradient_buffers_bytes", r.grads},
-                    {"master_weights_shard_bytes", r.master},
-                    {"optimizer_shard_bytes", r.optimizer},
-                    {"gradient_shard_bytes", r.gradShard},
-                    {"inputs_bytes", r.inputs},
-                    {"activations_bytes", plan.activationsBytes},
-                    {"activations_unshared_bytes", plan.activationsUnsharedBytes},
-                    {"total_bytes", r.total}}},
+       json::Object{
+           {"weight_buffers_bytes", r.weights},
+           {"gradient_buffers_bytes", r.grads},
+           {"master_weights_shard_bytes", r.master},
+           {"optimizer_shard_bytes", r.optimizer},
+           {"gradient_shard_bytes", r.gradShard},
+           {"inputs_bytes", r.inputs},
+           {"activations_bytes", plan.activationsBytes},
+           {"activations_unshared_bytes", plan.activationsUnsharedBytes},
+           {"total_bytes", r.total}}},
       {"communication_bytes",
        json::Object{
-           {"per_step", json::Object{{"reduce_scatter", plan.reduceScatterBytesPerStep},
-                                     {"all_gather", plan.allGatherBytesPerStep},
-                                     {"all_reduce", r.allReduce}}},
+           {"per_step",
+            json::Object{{"reduce_scatter", plan.reduceScatterBytesPerStep},
+                         {"all_gather", plan.allGatherBytesPerStep},
+                         {"all_reduce", r.allReduce}}},
            {"per_micro_batch",
-            json::Object{{"reduce_scatter", plan.reduceScatterBytesPerMicroBatch},
-                         {"all_gather", plan.allGatherBytesPerMicroBatch}}}}}};
+            json::Object{
+                {"reduce_scatter", plan.reduceScatterBytesPerMicroBatch},
+                {"all_gather", plan.allGatherBytesPerMicroBatch}}}}}};
   std::string text;
   raw_string_ostream os(text);
   os << formatv("{0:2}", json::Value(std::move(root))) << "\n";
   return text;
 }
 
-static void printReport(const mlir::fastllm::MemoryPlan &plan, raw_ostream &os) {
-  auto mib = [](int64_t bytes) { return format("%10.2f MiB", bytes / 1048576.0); };
+static void printReport(const mlir::fastllm::MemoryPlan &plan,
+                        raw_ostream &os) {
+  auto mib = [](int64_t bytes) {
+    return format("%10.2f MiB", bytes / 1048576.0);
+  };
   Report r = makeReport(plan);
   auto count = [](size_t n, StringRef what) {
     return std::to_string(n) + " " + what.str() + (n == 1 ? "" : "s");
   };
-  std::string weightsWhat =
-      plan.zeroStage == 3
-          ? count(plan.weightSlotElements.size(), "slot")
-          : "one per stage";
+  std::string weightsWhat = plan.zeroStage == 3
+                                ? count(plan.weightSlotElements.size(), "slot")
+                                : "one per stage";
   if (plan.frozenElements)
-    weightsWhat += " + frozen " + std::to_string(plan.frozenElements * 4) + " B";
-  std::string gradsWhat =
-      plan.zeroStage >= 2 ? count(plan.gradSlotElements.size(), "slot")
-                          : "one per stage";
+    weightsWhat +=
+        " + frozen " + std::to_string(plan.frozenElements * 4) + " B";
+  std::string gradsWhat = plan.zeroStage >= 2
+                              ? count(plan.gradSlotElements.size(), "slot")
+                              : "one per stage";
   os << "memory plan per rank (dp = " << plan.dataParallel << ", ZeRO-"
      << plan.zeroStage << ", " << plan.numStages() << " stages)\n"
      << "  weight buffers (fp32)         " << mib(r.weights) << "   ("
@@ -276,8 +286,11 @@ static void printReport(const mlir::fastllm::MemoryPlan &plan, raw_ostream &os) 
      << "  activations (peak)            " << mib(r.activations) << "   ("
      << mib(plan.activationsUnsharedBytes) << " if nothing were shared)\n"
      << "  total arena                   " << mib(r.total) << "\n";
-  os << "stages (elements, padded to dp * 32; slots: gradient / weight / tie)\n";
-  auto slot = [](int64_t s) { return s < 0 ? std::string("-") : std::to_string(s); };
+  os << "stages (elements, padded to dp * 32; slots: gradient / weight / "
+        "tie)\n";
+  auto slot = [](int64_t s) {
+    return s < 0 ? std::string("-") : std::to_string(s);
+  };
   for (int64_t k = 0; k < plan.numStages(); ++k)
     os << format("  stage %-3lld %12lld", (long long)k,
                  (long long)plan.stageElements[k])
@@ -412,7 +425,10 @@ static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
   const std::string cxx = hostCompiler();
   std::string lib = FASTLLM_RUNTIME_LIB_DIR;
   // The runtime and its target libraries call each other: one group.
-  std::vector<std::string> link = {cxx, "-fopenmp", object, "-Wl,--start-group",
+  std::vector<std::string> link = {cxx,
+                                   "-fopenmp",
+                                   object,
+                                   "-Wl,--start-group",
                                    lib + "/libfastllm_rt_main.a",
                                    lib + "/libfastllm_rt.a",
                                    lib + "/libfastllm_rt_files.a"};
@@ -476,8 +492,9 @@ CompileFlags::CompileFlags(cl::OptionCategory &category)
              cl::cat(category)),
       importFlags(category),
       target("target",
-             cl::desc("cpu, or cuda (CUDA C++ built with nvcc for "
-                      FASTLLM_CUDA_ARCH ")"),
+             cl::desc(
+                 "cpu, or cuda (CUDA C++ built with nvcc for " FASTLLM_CUDA_ARCH
+                 ")"),
              cl::init("cpu"), cl::cat(category)),
       cudaEmulation(
           "cuda-emulation",
@@ -603,9 +620,10 @@ static bool writeArtifacts(ModuleOp module,
   auto path = [&](StringRef name) { return output.path(name); };
   std::string text;
   raw_string_ostream os(text);
-  module.print(os, OpPrintingFlags()
-                       .elideLargeResourceString(64)
-                       .elideLargeElementsAttrs(64));
+  module.print(
+      os,
+      OpPrintingFlags().elideLargeResourceString(64).elideLargeElementsAttrs(
+          64));
   if (!writeFile(path("plan.mlir"), text) ||
       !writeFile(path("plan.json"), planJson(module, plan, flags.target)))
     return false;

@@ -11,14 +11,14 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "frontend/OnnxImporter.h"
-#include "passes/Pipelines.h"
 #include "codegen/CppEmitter.h"
-#include "tools/Compile.h"
+#include "frontend/OnnxImporter.h"
 #include "ir/ModelDialect.h"
-#include "ir/Plan.h"
 #include "ir/ModelSummary.h"
+#include "ir/Plan.h"
 #include "passes/Passes.h"
+#include "passes/Pipelines.h"
+#include "tools/Compile.h"
 
 #include "mlir/Bytecode/BytecodeWriter.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -210,7 +210,8 @@ int main(int argc, char **argv) {
       "      build the training program (see `fastllm-opt compile --help`)\n"
       "  fastllm-opt data TEXT... -o TOKENS [--jsonl-field NAME]\n"
       "      text to a token file for `train --data` (`data --help`)\n"
-      "  fastllm-opt translate --fastllm-to-cpu|--fastllm-to-cuda PLANNED.mlir\n"
+      "  fastllm-opt translate --fastllm-to-cpu|--fastllm-to-cuda "
+      "PLANNED.mlir\n"
       "      print the step's C++ of a planned module (`translate --help`)\n"
       "  fastllm-opt [options] INPUT.mlir\n"
       "      run passes over MLIR, as mlir-opt does (options below)\n",

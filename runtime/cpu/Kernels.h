@@ -318,9 +318,9 @@ inline void dropoutWordsBlock(uint32_t *words, uint64_t seed, int64_t step,
 /// 64 elements of one sample (16 Philox calls, made together so that they
 /// vectorize).
 template <typename T>
-void dropout(T *out, const T *in, bool splatInput, int64_t n,
-             int64_t perSample, uint32_t site, uint32_t threshold, float scale,
-             uint64_t seed, int64_t step, int64_t firstSample) {
+void dropout(T *out, const T *in, bool splatInput, int64_t n, int64_t perSample,
+             uint32_t site, uint32_t threshold, float scale, uint64_t seed,
+             int64_t step, int64_t firstSample) {
   if (n <= 0 || perSample <= 0)
     return;
   constexpr int64_t kBlock = 4 * detail::kDropoutLanes;

@@ -102,8 +102,9 @@ Expected<Arena> fastllm::rt::allocateArena(int64_t bytes) {
     return errorf("cannot allocate the model's %lld-byte arena on the GPU: %s",
                   (long long)bytes, cudaGetErrorString(err));
   }
-  return Arena{ArenaPtr(static_cast<char *>(data), [](char *p) { cudaFree(p); }),
-               int64_t(freeBefore) - int64_t(freeAfter)};
+  return Arena{
+      ArenaPtr(static_cast<char *>(data), [](char *p) { cudaFree(p); }),
+      int64_t(freeBefore) - int64_t(freeAfter)};
 }
 
 void fastllm::rt::synchronizeDevice() {
@@ -155,16 +156,16 @@ void fastllm::rt::deviceScale(float *out, const float *in, int64_t n,
   if (scale == 1.0f)
     return deviceCopy(out, in, n);
   if (n > 0)
-    FASTLLM_LAUNCH(blocksFor(n), kThreads, 0, cuda::stream(), scaleKernel)(
-        out, in, n, scale, false);
+    FASTLLM_LAUNCH(blocksFor(n), kThreads, 0, cuda::stream(), scaleKernel)
+    (out, in, n, scale, false);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 
 void fastllm::rt::deviceAddScaled(float *out, const float *in, int64_t n,
                                   float scale) {
   if (n > 0)
-    FASTLLM_LAUNCH(blocksFor(n), kThreads, 0, cuda::stream(), scaleKernel)(
-        out, in, n, scale, true);
+    FASTLLM_LAUNCH(blocksFor(n), kThreads, 0, cuda::stream(), scaleKernel)
+    (out, in, n, scale, true);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -209,9 +210,9 @@ const DevicePieces &piecesOf(const AdamW &opt) {
   // On the compute stream (non-blocking: a legacy-stream copy would not be
   // ordered before the kernels that read the table), from the cache's own
   // copy, which outlives the transfer.
-  FASTLLM_CUDA_CHECK(cudaMemcpyAsync(
-      cached.chunks, cached.host.data(), host.size() * sizeof(AdamW::Chunk),
-      cudaMemcpyHostToDevice, cuda::stream()));
+  FASTLLM_CUDA_CHECK(cudaMemcpyAsync(cached.chunks, cached.host.data(),
+                                     host.size() * sizeof(AdamW::Chunk),
+                                     cudaMemcpyHostToDevice, cuda::stream()));
   return cached;
 }
 
@@ -260,7 +261,8 @@ double fastllm::rt::deviceSumOfSquares(const AdamW &opt,
   if (!p.count)
     return 0;
   FASTLLM_LAUNCH(unsigned(p.count), kThreads, 0, cuda::stream(),
-                 sumOfSquaresKernel)(gradShard, p.chunks, p.partials);
+                 sumOfSquaresKernel)
+  (gradShard, p.chunks, p.partials);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
   // Added on the host in piece order, as the CPU does: the result does not
   // depend on timing.
@@ -281,8 +283,8 @@ void fastllm::rt::deviceClipGradients(const AdamW &opt, float *gradShard,
   const DevicePieces &p = piecesOf(opt);
   if (coef == 1.0f || !p.count)
     return;
-  FASTLLM_LAUNCH(unsigned(p.count), kThreads, 0, cuda::stream(), clipKernel)(
-      gradShard, p.chunks, coef);
+  FASTLLM_LAUNCH(unsigned(p.count), kThreads, 0, cuda::stream(), clipKernel)
+  (gradShard, p.chunks, coef);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -292,7 +294,7 @@ void fastllm::rt::deviceAdamWStep(const AdamW &opt, float *master,
   const DevicePieces &p = piecesOf(opt);
   if (!p.count)
     return;
-  FASTLLM_LAUNCH(unsigned(p.count), kThreads, 0, cuda::stream(), adamwKernel)(
-      master, gradShard, m, v, p.chunks, opt.scalarsAt(lr, t));
+  FASTLLM_LAUNCH(unsigned(p.count), kThreads, 0, cuda::stream(), adamwKernel)
+  (master, gradShard, m, v, p.chunks, opt.scalarsAt(lr, t));
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }

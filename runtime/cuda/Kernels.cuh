@@ -309,8 +309,8 @@ void elementwise(Out *out, int rank, const int64_t *shape, F f, In<T>... ins) {
     return;
   detail::LaunchConfig launch = detail::gridFor(layout.total);
   FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                 detail::elementwiseKernel<Out, F, kNumIn, T...>)(
-      out, f, layout, ins.data...);
+                 detail::elementwiseKernel<Out, F, kNumIn, T...>)
+  (out, f, layout, ins.data...);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -324,7 +324,8 @@ template <typename T> void fill(T *out, int64_t n, detail::NoDeduce<T> value) {
     return;
   detail::LaunchConfig launch = detail::gridFor(n);
   FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                 detail::fillKernel<T>)(out, n, value);
+                 detail::fillKernel<T>)
+  (out, n, value);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -332,17 +333,17 @@ template <typename T> void fill(T *out, int64_t n, detail::NoDeduce<T> value) {
 /// elements of one sample (one Philox call). T is float, double or
 /// __nv_bfloat16 (computed in float, rounded once).
 template <typename T>
-void dropout(T *out, const T *in, bool splatInput, int64_t n,
-             int64_t perSample, uint32_t site, uint32_t threshold, float scale,
-             uint64_t seed, int64_t step, int64_t firstSample) {
+void dropout(T *out, const T *in, bool splatInput, int64_t n, int64_t perSample,
+             uint32_t site, uint32_t threshold, float scale, uint64_t seed,
+             int64_t step, int64_t firstSample) {
   if (n <= 0 || perSample <= 0)
     return;
   const int64_t groups = (perSample + 3) / 4, total = n / perSample * groups;
   detail::LaunchConfig launch = detail::gridFor(total);
   FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                 detail::dropoutKernel<T>)(
-      out, in, splatInput, perSample, groups, total, site, threshold, scale,
-      seed, step, firstSample);
+                 detail::dropoutKernel<T>)
+  (out, in, splatInput, perSample, groups, total, site, threshold, scale, seed,
+   step, firstSample);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -362,7 +363,8 @@ template <typename T, typename U> void addInto(T *acc, const U *x, int64_t n) {
     return;
   detail::LaunchConfig launch = detail::gridFor(n);
   FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                 detail::addIntoKernel<T, U>)(acc, x, n);
+                 detail::addIntoKernel<T, U>)
+  (acc, x, n);
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -78,7 +78,8 @@ public:
   void wait(int32_t request) override;
 
 private:
-  NcclShardComm(Communicator &mpi, double timeout) : mpi(mpi), timeout(timeout) {}
+  NcclShardComm(Communicator &mpi, double timeout)
+      : mpi(mpi), timeout(timeout) {}
 
   /// What the watchdog watches. Its clock runs from the moment `begun`
   /// completes (the collective reached the GPU).
@@ -126,8 +127,8 @@ NcclShardComm::create(Communicator &mpi, double timeoutSeconds) {
   mpi.broadcast(&id, sizeof(id), 0);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclResult_t r = ncclCommInitRankConfig(&self->comm, mpi.size(), id,
-                                          mpi.rank(), &config);
+  ncclResult_t r =
+      ncclCommInitRankConfig(&self->comm, mpi.size(), id, mpi.rank(), &config);
   if ((r = settle(self->comm, r, timeoutSeconds)) != ncclSuccess) {
     if (self->comm)
       ncclCommAbort(self->comm);
@@ -206,10 +207,9 @@ int32_t NcclShardComm::startReduceScatter(const float *in, float *out,
       },
       [&] {
         if (part != out)
-          FASTLLM_CUDA_CHECK(cudaMemcpyAsync(out, part,
-                                             size_t(n) * sizeof(float),
-                                             cudaMemcpyDeviceToDevice,
-                                             commStream));
+          FASTLLM_CUDA_CHECK(
+              cudaMemcpyAsync(out, part, size_t(n) * sizeof(float),
+                              cudaMemcpyDeviceToDevice, commStream));
       });
 }
 
@@ -241,7 +241,8 @@ void NcclShardComm::watch() {
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
-      const InFlight *op = inFlight.empty() ? nullptr : &inFlight.begin()->second;
+      const InFlight *op =
+          inFlight.empty() ? nullptr : &inFlight.begin()->second;
       fail(op ? op->what : "a collective", op ? op->step : mpi.step(),
            ncclGetErrorString(async));
     }
@@ -283,8 +284,8 @@ void NcclShardComm::fail(const char *what, int64_t step, const char *why) {
   if (failing.exchange(true)) // the other thread is reporting and aborting
     for (;;)
       std::this_thread::sleep_for(std::chrono::seconds(1));
-  std::fprintf(stderr, "train: error: rank %d: step %lld: %s %s\n",
-               mpi.rank(), (long long)step, what, why);
+  std::fprintf(stderr, "train: error: rank %d: step %lld: %s %s\n", mpi.rank(),
+               (long long)step, what, why);
   std::fflush(stderr);
   // No ncclCommAbort: the other thread may be inside an NCCL call on the
   // communicator (freeing it under that call is a use after free), and an

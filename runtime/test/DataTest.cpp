@@ -1,8 +1,8 @@
 //===- DataTest.cpp - token file and samplers -----------------------------===//
 //
 // The sequential sampler is the reference order the PyTorch comparisons
-// replay, so its offsets are checked against docs/DESIGN.md's formula written out
-// again here; the random one must be reproducible and stay in range.
+// replay, so its offsets are checked against docs/DESIGN.md's formula written
+// out again here; the random one must be reproducible and stay in range.
 //
 //===----------------------------------------------------------------------===//
 

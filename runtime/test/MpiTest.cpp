@@ -272,9 +272,8 @@ void testResume(Communicator &comm) {
 }
 
 /// Every tensor of a safetensors file written by the runtime, by name.
-std::vector<std::vector<float>> readTensors(const std::string &path,
-                                            const PlanInfo &plan,
-                                            bool trainableOnly) {
+std::vector<std::vector<float>>
+readTensors(const std::string &path, const PlanInfo &plan, bool trainableOnly) {
   Expected<SafetensorsReader> r = SafetensorsReader::open(path);
   CHECK(r.ok());
   std::vector<std::vector<float>> out;
@@ -468,7 +467,8 @@ int main(int argc, char **argv) {
     char byte = 0;
     comm.broadcast(&byte, 1, comm.size());
   } else {
-    std::fprintf(stderr, "usage: %s collectives|zero|resume|timeout|kill|bad-root\n",
+    std::fprintf(stderr,
+                 "usage: %s collectives|zero|resume|timeout|kill|bad-root\n",
                  argv[0]);
     return 2;
   }

@@ -1,10 +1,11 @@
 //===- TrainTest.cpp - the training loop on a model with known gradients --===//
 //
 // The fake model's gradient is a closed form (FakeModel.h), so these tests
-// recompute a step from the token file and docs/DESIGN.md's sequential formula and
-// compare the runtime's dumped gradients, saved weights and logged loss with
-// it; they check that bad inputs stop the run before it writes anything, and
-// that a run resumed from a checkpoint repeats the uninterrupted one exactly.
+// recompute a step from the token file and docs/DESIGN.md's sequential formula
+// and compare the runtime's dumped gradients, saved weights and logged loss
+// with it; they check that bad inputs stop the run before it writes anything,
+// and that a run resumed from a checkpoint repeats the uninterrupted one
+// exactly.
 //
 //===----------------------------------------------------------------------===//
 
@@ -24,9 +25,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstring>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -566,77 +567,109 @@ TEST_F(TrainTest, ValidationRejectsCorruptPlans) {
   using A = ParamInfo *;
   // A ZeRO-1 layout labelled ZeRO-2/3 has full arrays it must not have and
   // no slots.
-  check("zero stage 2", [](P p, S, A) { p.zeroStage = 2; },
-        "ZeRO-2 must have full weights and must not have full gradients");
-  check("zero stage 3", [](P p, S, A) { p.zeroStage = 3; },
-        "ZeRO-3 must not have full weights and must not have full gradients");
-  check("zero-2 without slots", [](P p, S, A) {
-    p.zeroStage = 2;
-    p.gradsOffset = -1;
-  }, "the slot tables do not fit ZeRO-2");
-  check("zero stage 0", [](P p, S, A) { p.zeroStage = 0; },
-        "invalid model plan: zero stage 0 is not 1, 2 or 3");
-  check("dp 0", [](P p, S, A) { p.dataParallel = 0; },
-        "data parallelism 0 is not positive");
-  check("stage gap", [](P, S s, A) { s[1].offset += 64; },
-        "stage 1 [192, +64) does not start where stage 0 ends (128)");
-  check("first stage late", [](P, S s, A) { s[0].offset = 64; },
-        "stage 0 [64, +128) does not start where the parameters do (0)");
-  check("stage not a multiple of dp * 32",
-        [](P p, S s, A) {
-          s[0].elements = 96;
-          s[1].offset = 96;
-          p.paramElements = 160;
-        },
-        "stage 0 [0, +96) is not a multiple of dp * 32 = 64 elements");
-  check("stage past the end", [](P, S s, A) { s[1].elements = 128; },
-        "stage 1 [128, +128) does not lie inside the 192 parameter elements");
-  check("negative stage", [](P, S s, A) { s[1].elements = -64; },
-        "does not lie inside");
-  check("stages short", [](P p, S, A) { p.numStages = 1; },
-        "the stages cover 128 of the 192 parameter elements");
-  check("no stage table", [](P p, S, A) { p.stages = nullptr; },
-        "a missing table");
-  check("param across stages", [](P, S, A a) { a[2].offset = 100; },
-        "parameter #2 'code' [100, +64) crosses the end of stage 0 at 128");
-  check("params overlap", [](P, S, A a) { a[1].offset = 2; },
-        "parameters 'bias' and 'embed' overlap");
-  check("duplicate name", [](P, S, A a) { a[2].name = "embed"; a[2].nameBytes = 5; },
-        "parameter #2 'embed' has the name of an earlier parameter");
+  check(
+      "zero stage 2", [](P p, S, A) { p.zeroStage = 2; },
+      "ZeRO-2 must have full weights and must not have full gradients");
+  check(
+      "zero stage 3", [](P p, S, A) { p.zeroStage = 3; },
+      "ZeRO-3 must not have full weights and must not have full gradients");
+  check(
+      "zero-2 without slots",
+      [](P p, S, A) {
+        p.zeroStage = 2;
+        p.gradsOffset = -1;
+      },
+      "the slot tables do not fit ZeRO-2");
+  check(
+      "zero stage 0", [](P p, S, A) { p.zeroStage = 0; },
+      "invalid model plan: zero stage 0 is not 1, 2 or 3");
+  check(
+      "dp 0", [](P p, S, A) { p.dataParallel = 0; },
+      "data parallelism 0 is not positive");
+  check(
+      "stage gap", [](P, S s, A) { s[1].offset += 64; },
+      "stage 1 [192, +64) does not start where stage 0 ends (128)");
+  check(
+      "first stage late", [](P, S s, A) { s[0].offset = 64; },
+      "stage 0 [64, +128) does not start where the parameters do (0)");
+  check(
+      "stage not a multiple of dp * 32",
+      [](P p, S s, A) {
+        s[0].elements = 96;
+        s[1].offset = 96;
+        p.paramElements = 160;
+      },
+      "stage 0 [0, +96) is not a multiple of dp * 32 = 64 elements");
+  check(
+      "stage past the end", [](P, S s, A) { s[1].elements = 128; },
+      "stage 1 [128, +128) does not lie inside the 192 parameter elements");
+  check(
+      "negative stage", [](P, S s, A) { s[1].elements = -64; },
+      "does not lie inside");
+  check(
+      "stages short", [](P p, S, A) { p.numStages = 1; },
+      "the stages cover 128 of the 192 parameter elements");
+  check(
+      "no stage table", [](P p, S, A) { p.stages = nullptr; },
+      "a missing table");
+  check(
+      "param across stages", [](P, S, A a) { a[2].offset = 100; },
+      "parameter #2 'code' [100, +64) crosses the end of stage 0 at 128");
+  check(
+      "params overlap", [](P, S, A a) { a[1].offset = 2; },
+      "parameters 'bias' and 'embed' overlap");
+  check(
+      "duplicate name",
+      [](P, S, A a) {
+        a[2].name = "embed";
+        a[2].nameBytes = 5;
+      },
+      "parameter #2 'embed' has the name of an earlier parameter");
   // Names are compared by their bytes, NUL included: "embed\0x" is another
   // name than "embed", and a negative length is refused.
-  check("negative name length", [](P, S, A a) { a[2].nameBytes = -1; },
-        "parameter #2");
-  check("param outside", [](P, S, A a) { a[2].offset = 190; },
-        "parameter #2 'code' has an inconsistent shape or lies outside");
-  check("negative dims", [](P, S, A a) {
-          a[0].shape[0] = -16;
-          a[0].shape[1] = -4;
-        },
-        "parameter #0 'embed' has an inconsistent shape");
-  check("shard outside the arena",
-        [](P p, S, A) { p.gradShardOffset = p.arenaBytes - 64; },
-        "grad shard region");
-  check("shards overlap",
-        [](P p, S, A) { p.adamVOffset = p.adamMOffset + 4; },
-        "adam m region");
-  check("full arrays overlap",
-        [](P p, S, A) { p.gradsOffset = p.paramsOffset + 64; },
-        "params region [0, +768) overlaps grads region [64, +768)");
-  check("activations over master",
-        [](P p, S, A) {
-          p.activationsOffset = p.masterOffset;
-          p.activationsBytes = 64;
-        },
-        "master region");
-  check("misaligned tokens", [](P p, S, A) { p.tokensOffset += 4; },
-        "tokens region");
-  check("huge param count", [](P p, S, A) { p.paramElements = INT64_MAX; },
-        "parameter elements do not fit the arena");
-  check("huge batch", [](P p, S, A) { p.batchSize = INT64_MAX / 2; },
-        "tokens region");
-  check("null input name", [](P p, S, A) { p.tokensInput = nullptr; },
-        "an input name is missing");
+  check(
+      "negative name length", [](P, S, A a) { a[2].nameBytes = -1; },
+      "parameter #2");
+  check(
+      "param outside", [](P, S, A a) { a[2].offset = 190; },
+      "parameter #2 'code' has an inconsistent shape or lies outside");
+  check(
+      "negative dims",
+      [](P, S, A a) {
+        a[0].shape[0] = -16;
+        a[0].shape[1] = -4;
+      },
+      "parameter #0 'embed' has an inconsistent shape");
+  check(
+      "shard outside the arena",
+      [](P p, S, A) { p.gradShardOffset = p.arenaBytes - 64; },
+      "grad shard region");
+  check(
+      "shards overlap", [](P p, S, A) { p.adamVOffset = p.adamMOffset + 4; },
+      "adam m region");
+  check(
+      "full arrays overlap",
+      [](P p, S, A) { p.gradsOffset = p.paramsOffset + 64; },
+      "params region [0, +768) overlaps grads region [64, +768)");
+  check(
+      "activations over master",
+      [](P p, S, A) {
+        p.activationsOffset = p.masterOffset;
+        p.activationsBytes = 64;
+      },
+      "master region");
+  check(
+      "misaligned tokens", [](P p, S, A) { p.tokensOffset += 4; },
+      "tokens region");
+  check(
+      "huge param count", [](P p, S, A) { p.paramElements = INT64_MAX; },
+      "parameter elements do not fit the arena");
+  check(
+      "huge batch", [](P p, S, A) { p.batchSize = INT64_MAX / 2; },
+      "tokens region");
+  check(
+      "null input name", [](P p, S, A) { p.tokensInput = nullptr; },
+      "an input name is missing");
 }
 
 TEST_F(TrainTest, PaddingStaysZeroAndNothingIsCommunicatedOnOneRank) {
@@ -664,8 +697,8 @@ TEST_F(TrainTest, PaddingStaysZeroAndNothingIsCommunicatedOnOneRank) {
 
 /// The state a checkpoint shard holds (master, m, v), without its header.
 std::string shardState(const std::string &dir, int64_t step) {
-  std::string bytes = readBytes(dir + "/" + stepFolderName(step) + "/" +
-                                shardFileName(0));
+  std::string bytes =
+      readBytes(dir + "/" + stepFolderName(step) + "/" + shardFileName(0));
   if (bytes.size() < 16)
     return "";
   uint64_t header;
@@ -706,7 +739,8 @@ TEST_F(TrainTest, ANonFiniteGradientNormSkipsTheUpdate) {
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(readBytes(three.saveWeightsPath), readBytes(two.saveWeightsPath));
   // Master weights, m and v, and AdamW's step count.
-  EXPECT_EQ(shardState(three.checkpointDir, 3), shardState(two.checkpointDir, 2));
+  EXPECT_EQ(shardState(three.checkpointDir, 3),
+            shardState(two.checkpointDir, 2));
   EXPECT_FALSE(shardState(two.checkpointDir, 2).empty());
   EXPECT_EQ(manifestOptimizerStep(three.checkpointDir, 3), 2);
   std::vector<JsonValue> lines = readMetrics(three.metricsPath);
@@ -780,7 +814,8 @@ TEST_F(TrainTest, NoCheckpointHoldsANonFiniteValue) {
             "refusing to write the checkpoint of step 1: the optimizer state "
             "holds values that are not finite (rank and count: 0 (1)); the "
             "newest checkpoint is an earlier one");
-  Expected<std::vector<int64_t>> steps = listCheckpointSteps(opts.checkpointDir);
+  Expected<std::vector<int64_t>> steps =
+      listCheckpointSteps(opts.checkpointDir);
   ASSERT_TRUE(steps.ok());
   EXPECT_TRUE(steps->empty());
 }
@@ -838,7 +873,8 @@ TEST_F(TrainTest, AStopSignalEndsTheStepCheckpointsAndResumesExactly) {
     for (const char *key : {"loss", "grad_norm", "lr"})
       EXPECT_EQ(b[i].get(key)->text, a[i].get(key)->text)
           << key << " at step " << i + 1;
-  EXPECT_EQ(shardState(cut.checkpointDir, 8), shardState(full.checkpointDir, 8));
+  EXPECT_EQ(shardState(cut.checkpointDir, 8),
+            shardState(full.checkpointDir, 8));
 
   // A stop requested before the first step stops after it.
   requestStop(SIGUSR1);
@@ -876,10 +912,9 @@ TEST_F(TrainTest, KeepLastRemovesOlderCheckpointsOnceANewerIsComplete) {
   std::sort(names.begin(), names.end());
   // 2, 4, 6 and the last step, 7: the two newest kept; step 1 went with the
   // older ones.
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"notes.txt", stepFolderName(6),
-                                      stepFolderName(7), "train.lock",
-                                      "train.lock.owner"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"notes.txt", stepFolderName(6),
+                                             stepFolderName(7), "train.lock",
+                                             "train.lock.owner"}));
   EXPECT_EQ(readBytes(opts.checkpointDir + "/notes.txt"), "mine");
 }
 
@@ -892,18 +927,22 @@ TEST_F(TrainTest, ASecondJobCannotUseTheSameCheckpointFolder) {
   opts.metricsPath = dir.file("metrics.jsonl");
   std::filesystem::create_directory(opts.checkpointDir);
   {
-    Expected<CheckpointLock> other = CheckpointLock::acquire(opts.checkpointDir);
+    Expected<CheckpointLock> other =
+        CheckpointLock::acquire(opts.checkpointDir);
     ASSERT_TRUE(other.ok()) << other.status().message();
     Status s = train(plan(), fastllm_step, opts, testComm(), nullptr);
-    EXPECT_EQ(s.message(),
-              "--checkpoint-dir '" + opts.checkpointDir +
-                  "' is in use by another training job (pid " +
-                  std::to_string(getpid()) + " on " + [] {
-                    char host[256] = {};
-                    gethostname(host, sizeof(host) - 1);
-                    return std::string(host);
-                  }() + ") (it holds '" + opts.checkpointDir +
-                  "/train.lock'); wait for it to end or use another folder");
+    EXPECT_EQ(
+        s.message(),
+        "--checkpoint-dir '" + opts.checkpointDir +
+            "' is in use by another training job (pid " +
+            std::to_string(getpid()) + " on " +
+            [] {
+              char host[256] = {};
+              gethostname(host, sizeof(host) - 1);
+              return std::string(host);
+            }() +
+            ") (it holds '" + opts.checkpointDir +
+            "/train.lock'); wait for it to end or use another folder");
     EXPECT_FALSE(std::filesystem::exists(opts.metricsPath));
   }
   // Released: the folder is free again, and train() releases it too.

@@ -76,7 +76,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     auto *ctx = new MLIRContext(registry);
     ctx->loadAllAvailableDialects();
     // Diagnostics are expected; keep the fuzzer's output readable.
-    ctx->getDiagEngine().registerHandler([](Diagnostic &) { return success(); });
+    ctx->getDiagEngine().registerHandler(
+        [](Diagnostic &) { return success(); });
     return ctx;
   }();
   static const std::string folder = makeModelFolder();

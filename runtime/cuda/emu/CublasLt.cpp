@@ -22,8 +22,8 @@
 //    C and D both CUDA_R_16BF or both CUDA_R_32F.
 //
 // What the emulation cannot interpret is an error, never ignored, with the
-// status the real library documents or gives: CUBLAS_STATUS_INVALID_VALUE for a null
-// argument, a sizeInBytes that is not the size of the attribute's type (as
+// status the real library documents or gives: CUBLAS_STATUS_INVALID_VALUE for a
+// null argument, a sizeInBytes that is not the size of the attribute's type (as
 // cublasLt.h documents it), a value outside its enum (an attribute the
 // header does not declare included), or inconsistent operands (shapes, batch
 // counts, ld < rows, C == D with another layout than D, an algorithm made
@@ -295,8 +295,8 @@ cublasStatus_t planGemm(const DescState &desc, const LayoutState *const lay[],
     // Column-major: columns may not overlap (cublasLt.h, LAYOUT_LD).
     if (l.ld < std::max<int64_t>(1, int64_t(l.rows)))
       return CUBLAS_STATUS_INVALID_VALUE;
-    g.op[i] = Matrix{nullptr, l.type, int64_t(l.rows), int64_t(l.cols), l.ld,
-                     l.stride};
+    g.op[i] = Matrix{nullptr,         l.type, int64_t(l.rows),
+                     int64_t(l.cols), l.ld,   l.stride};
   }
   const int32_t ta = lay[kA]->type, tb = lay[kB]->type;
   const int32_t tc = lay[kC]->type, td = lay[kD]->type;
@@ -329,13 +329,13 @@ cublasStatus_t planGemm(const DescState &desc, const LayoutState *const lay[],
 }
 
 /// Loads the four layouts of a call (null: CUBLAS_STATUS_INVALID_VALUE).
-cublasStatus_t loadLayouts(const cublasLtMatrixLayout_t in[],
-                           LayoutState out[], const char *caller) {
+cublasStatus_t loadLayouts(const cublasLtMatrixLayout_t in[], LayoutState out[],
+                           const char *caller) {
   for (int i = 0; i < kNumOperands; ++i) {
     if (!in[i])
       return CUBLAS_STATUS_INVALID_VALUE;
-    out[i] = liveState<LayoutState>(in[i], kLayoutMagic, "matrix layout",
-                                    caller);
+    out[i] =
+        liveState<LayoutState>(in[i], kLayoutMagic, "matrix layout", caller);
   }
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -347,9 +347,7 @@ cublasStatus_t loadLayouts(const cublasLtMatrixLayout_t in[],
 /// Bytes [begin, end) of memory.
 struct Span {
   uintptr_t begin, end;
-  bool overlaps(const Span &o) const {
-    return begin < o.end && o.begin < end;
-  }
+  bool overlaps(const Span &o) const { return begin < o.end && o.begin < end; }
 };
 
 /// The bytes from the first to the last element of the `batch` matrices of
@@ -382,8 +380,8 @@ void checkMemory(const Gemm &g, bool readC) {
   if (!d.data)
     fatal("cublasLtMatmul: D is null");
   if (g.k > 0 && (!a.data || !b.data))
-    fatal("cublasLtMatmul: %s is null and read (k = %lld)",
-          a.data ? "B" : "A", (long long)g.k);
+    fatal("cublasLtMatmul: %s is null and read (k = %lld)", a.data ? "B" : "A",
+          (long long)g.k);
   if (readC && !c.data)
     fatal("cublasLtMatmul: C is null and read (beta != 0)");
   if (!batchesDisjoint(d, g.batch))
@@ -556,8 +554,8 @@ template <typename TIn, typename TOut> void runGemm(const Launch &l) {
   const bool readC = l.beta != 0.f;
   const int64_t k = g.k;
   std::vector<float> aPanel(size_t(k * kMR));
-  std::vector<float> bBlock(size_t(k * std::min(kNC, (g.n + kNR - 1) / kNR *
-                                                         kNR)));
+  std::vector<float> bBlock(
+      size_t(k * std::min(kNC, (g.n + kNR - 1) / kNR * kNR)));
   float acc[kNR * kMR];
   for (int64_t batch = 0; batch < g.batch; ++batch) {
     // A and B may be null when k is 0, C when it is not read.
@@ -567,8 +565,8 @@ template <typename TIn, typename TOut> void runGemm(const Launch &l) {
         k > 0 ? static_cast<const TIn *>(b.data) + batch * b.stride : nullptr;
     const TOut *cb =
         readC ? static_cast<const TOut *>(c.data) + batch * c.stride : nullptr;
-    TOut *db = static_cast<TOut *>(const_cast<void *>(d.data)) +
-               batch * d.stride;
+    TOut *db =
+        static_cast<TOut *>(const_cast<void *>(d.data)) + batch * d.stride;
     for (int64_t j0 = 0; j0 < g.n; j0 += kNC) {
       const int64_t cols = std::min(kNC, g.n - j0);
       if (k > 0)
@@ -694,15 +692,15 @@ const char *CUBLASWINAPI cublasLtGetStatusString(cublasStatus_t status) {
 
 /// Creates a column-major layout of `rows` x `cols` elements of `type`,
 /// columns `ld` apart, batch of 1.
-cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutCreate(
-    cublasLtMatrixLayout_t *matLayout, cudaDataType type, uint64_t rows,
-    uint64_t cols, int64_t ld) {
+cublasStatus_t CUBLASWINAPI
+cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *matLayout, cudaDataType type,
+                           uint64_t rows, uint64_t cols, int64_t ld) {
   if (!matLayout || ld < 0)
     return CUBLAS_STATUS_INVALID_VALUE;
   if (!isSupportedType(type))
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  LayoutState state{kLayoutMagic, int32_t(type), rows, cols, ld,
-                    0,            1,             CUBLASLT_ORDER_COL};
+  LayoutState state{kLayoutMagic,      int32_t(type), rows, cols, ld, 0, 1,
+                    CUBLASLT_ORDER_COL};
   return createState(matLayout, state);
 }
 
@@ -720,8 +718,8 @@ cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutSetAttribute(
     const void *buf, size_t sizeInBytes) {
   if (!matLayout)
     return CUBLAS_STATUS_INVALID_VALUE;
-  LayoutState s =
-      liveState<LayoutState>(matLayout, kLayoutMagic, "matrix layout", __func__);
+  LayoutState s = liveState<LayoutState>(matLayout, kLayoutMagic,
+                                         "matrix layout", __func__);
   switch (attr) {
   case CUBLASLT_MATRIX_LAYOUT_TYPE: {
     uint32_t type;
@@ -822,7 +820,8 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(
     const void *buf, size_t sizeInBytes) {
   if (!matmulDesc)
     return CUBLAS_STATUS_INVALID_VALUE;
-  DescState s = liveState<DescState>(matmulDesc, kDescMagic, "matmul", __func__);
+  DescState s =
+      liveState<DescState>(matmulDesc, kDescMagic, "matmul", __func__);
   int32_t value;
   switch (attr) {
   case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE:

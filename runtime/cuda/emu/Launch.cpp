@@ -288,8 +288,8 @@ bool tryCompleteWarpOp(Block &b, int w, const Thread &arriving) {
                   "%s with mask 0x%08x meets lane %d in %s with mask 0x%08x "
                   "at %s:%d (the lanes of a warp operation must make the "
                   "same call with the same mask and arguments)",
-                  opName(mine.kind), mine.mask, l, opName(t.op.kind),
-                  t.op.mask, baseName(t.op.file), t.op.line);
+                  opName(mine.kind), mine.mask, l, opName(t.op.kind), t.op.mask,
+                  baseName(t.op.file), t.op.line);
     blockFatal(b, &arriving, mine.file, mine.line, m);
   }
   for (int l = 0; l < 32; ++l) {
@@ -487,9 +487,8 @@ uint64_t fastllm::emu::warpOp(WarpOpKind kind, unsigned mask, uint64_t bits,
   const int w = linearIndex(b, t) / 32;
   // A lane that exited is reported by the check below, once the others
   // are there; one that never comes, by the deadlock check.
-  const bool complete =
-      ++b.inWarpOp[size_t(w)] >= __builtin_popcount(mask) &&
-      tryCompleteWarpOp(b, w, t);
+  const bool complete = ++b.inWarpOp[size_t(w)] >= __builtin_popcount(mask) &&
+                        tryCompleteWarpOp(b, w, t);
   if (!complete || schedule() == Schedule::InOrder)
     yield(t);
   return t.op.result;

@@ -1,4 +1,5 @@
-//===- Nccl.cpp - NCCL over MPI for the CUDA emulation ---------------------===//
+//===- Nccl.cpp - NCCL over MPI for the CUDA emulation
+//---------------------===//
 //
 // The part of NCCL that runtime/cuda/NcclComm.cu uses, declared by the CUDA
 // toolkit's own nccl.h, for the emulated CUDA build: one process per rank
@@ -265,8 +266,8 @@ bool visible(const Hello &self, const Hello &peer) {
 const char *trouble(const Hello &peer) {
   ProcessState state = readProcess(peer.pid);
   if (!state.exists || state.state == 'Z' || state.state == 'X' ||
-      state.state == 'x' || (peer.startTime && state.startTime &&
-                             state.startTime != peer.startTime))
+      state.state == 'x' ||
+      (peer.startTime && state.startTime && state.startTime != peer.startTime))
     return "has exited";
   if (state.state == 'T')
     return "is stopped";
@@ -400,9 +401,8 @@ void advanceJoin(ncclComm *c) {
     c->joined = true;
     MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
     c->table.assign(size_t(c->nranks), Hello{});
-    rc = MPI_Iallgather(&c->self, int(sizeof(Hello)), MPI_BYTE,
-                        c->table.data(), int(sizeof(Hello)), MPI_BYTE, c->mpi,
-                        &c->joinRequest);
+    rc = MPI_Iallgather(&c->self, int(sizeof(Hello)), MPI_BYTE, c->table.data(),
+                        int(sizeof(Hello)), MPI_BYTE, c->mpi, &c->joinRequest);
     if (rc != MPI_SUCCESS)
       return breakComm(c, ncclSystemError,
                        "joining the communicator: MPI_Iallgather failed: %s",
@@ -532,17 +532,15 @@ void start(ncclComm *c, Op &op) {
       for (int w = 0; w < c->nranks; ++w)
         std::memcpy(op.stage.get() + size_t(w) * block,
                     op.send + size_t(c->rankOfWorld[w]) * block, block);
-    rc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, op.stage.get(),
-                                   int(op.count), op.type, MPI_SUM, c->mpi,
-                                   &op.request);
+    rc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, op.stage.get(), int(op.count),
+                                   op.type, MPI_SUM, c->mpi, &op.request);
   }
   if (rc != MPI_SUCCESS) {
     op.state = OpState::Failed;
     forget(c, op);
     giveStage(c, op);
     return breakComm(c, ncclSystemError, "%s #%llu could not start: %s",
-                     op.name, (unsigned long long)op.seq,
-                     mpiError(rc).c_str());
+                     op.name, (unsigned long long)op.seq, mpiError(rc).c_str());
   }
   op.state = OpState::Running;
   op.started = Clock::now();
@@ -593,8 +591,7 @@ void checkPeers(ncclComm *c, Clock::time_point now) {
   for (auto op : std::vector<std::shared_ptr<Op>>(c->pending)) {
     int done = 0;
     if (op->state == OpState::Running &&
-        MPI_Test(&op->request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
-        done)
+        MPI_Test(&op->request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done)
       complete(c, *op);
   }
   if (c->pending.empty())
@@ -614,9 +611,8 @@ void progress(ncclComm *c) {
     int done = 0;
     int rc = MPI_Test(&op->request, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS)
-      return failAll(c, ncclRemoteError, "%s #%llu failed in MPI: %s",
-                     op->name, (unsigned long long)op->seq,
-                     mpiError(rc).c_str());
+      return failAll(c, ncclRemoteError, "%s #%llu failed in MPI: %s", op->name,
+                     (unsigned long long)op->seq, mpiError(rc).c_str());
     if (done)
       complete(c, *op);
   }
@@ -687,17 +683,18 @@ bool overlap(const void *a, size_t aBytes, const void *b, size_t bBytes) {
 
 /// ncclAllGather (`gather`) and ncclReduceScatter: the checks, then the
 /// collective on `stream` (see the file comment).
-ncclResult_t collective(const char *function, bool gather,
-                        const void *sendbuff, void *recvbuff, size_t count,
-                        ncclDataType_t datatype, ncclRedOp_t op,
-                        ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t collective(const char *function, bool gather, const void *sendbuff,
+                        void *recvbuff, size_t count, ncclDataType_t datatype,
+                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   if (ncclResult_t r = checkComm(comm, function))
     return r;
   ncclComm *c = comm;
   size_t elemSize = elementSize(datatype);
   if (!elemSize)
-    return report(ncclInvalidArgument, c->rank, "%s: datatype %d is not one "
-                  "of NCCL's", function, int(datatype));
+    return report(ncclInvalidArgument, c->rank,
+                  "%s: datatype %d is not one "
+                  "of NCCL's",
+                  function, int(datatype));
   if (!gather && datatype != ncclFloat)
     return report(ncclInvalidArgument, c->rank,
                   "%s: datatype %d is not supported by the emulation (only "
@@ -738,8 +735,8 @@ ncclResult_t collective(const char *function, bool gather,
             function, recvbuff, block, sendbuff, whole, c->rank);
   }
   if (c->aborted)
-    return report(ncclInvalidUsage, c->rank,
-                  "%s: the communicator was aborted", function);
+    return report(ncclInvalidUsage, c->rank, "%s: the communicator was aborted",
+                  function);
   std::shared_ptr<Op> work;
   {
     std::lock_guard<std::mutex> guard(c->lock);
@@ -749,9 +746,8 @@ ncclResult_t collective(const char *function, bool gather,
                     "ncclCommGetAsyncError until it leaves ncclInProgress",
                     function);
     if (c->error != ncclSuccess)
-      return report(c->error, c->rank,
-                    "%s: the communicator failed before: %s", function,
-                    ncclGetErrorString(c->error));
+      return report(c->error, c->rank, "%s: the communicator failed before: %s",
+                    function, ncclGetErrorString(c->error));
     if (c->settling && c->settling->state != OpState::Done)
       return report(ncclInvalidUsage, c->rank,
                     "%s: %s #%llu returned ncclInProgress and has not settled: "
@@ -855,14 +851,16 @@ extern "C" {
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId) {
   if (!uniqueId)
-    return report(ncclInvalidArgument, kWorld, "ncclGetUniqueId: uniqueId is NULL");
+    return report(ncclInvalidArgument, kWorld,
+                  "ncclGetUniqueId: uniqueId is NULL");
   IdLayout id;
   std::memcpy(id.magic, kIdMagic, sizeof(kIdMagic));
   // random_device may be deterministic somewhere: the pid and the clock too.
   std::random_device device;
-  std::seed_seq seed{device(), device(), device(), device(),
-                     unsigned(getpid()),
-                     unsigned(Clock::now().time_since_epoch().count())};
+  std::seed_seq seed{
+      device(),           device(),
+      device(),           device(),
+      unsigned(getpid()), unsigned(Clock::now().time_since_epoch().count())};
   std::mt19937_64 bits(seed);
   id.tag[0] = bits();
   id.tag[1] = bits();

@@ -418,7 +418,8 @@ void causalAttention(T *out, float *lse, const T *q, const T *k, const T *v,
   detail::reserveSharedMemory(attentionForwardKernel<T>, bytes,
                               "causalAttention", d, dv);
   FASTLLM_LAUNCH(attentionBlocks(batch, t), kAttnThreads, bytes, stream(),
-                 attentionForwardKernel<T>)(out, lse, q, k, v, t, d, dv, scale);
+                 attentionForwardKernel<T>)
+  (out, lse, q, k, v, t, d, dv, scale);
   checkLaunch();
 }
 
@@ -440,16 +441,16 @@ void causalAttentionGrad(T *dQ, T *dK, T *dV, const T *q, const T *k,
   detail::reserveSharedMemory(attentionKeyValueGradKernel<T>, kvBytes,
                               "causalAttentionGrad", d, dv);
   FASTLLM_LAUNCH(blocks, kAttnThreads, kvBytes, stream(),
-                 attentionKeyValueGradKernel<T>)(
-      dK, dV, q, k, v, out, lse, dout, t, d, dv, scale);
+                 attentionKeyValueGradKernel<T>)
+  (dK, dV, q, k, v, out, lse, dout, t, d, dv, scale);
   checkLaunch();
   const size_t qBytes =
       detail::attentionSharedBytes(detail::AttentionKernel::QueryGrad, d, dv);
   detail::reserveSharedMemory(attentionQueryGradKernel<T>, qBytes,
                               "causalAttentionGrad", d, dv);
   FASTLLM_LAUNCH(blocks, kAttnThreads, qBytes, stream(),
-                 attentionQueryGradKernel<T>)(
-      dQ, q, k, v, out, lse, dout, t, d, dv, scale);
+                 attentionQueryGradKernel<T>)
+  (dQ, q, k, v, out, lse, dout, t, d, dv, scale);
   checkLaunch();
 }
 

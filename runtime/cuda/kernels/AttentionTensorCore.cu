@@ -461,7 +461,8 @@ bool detail::tensorCoreAttention(Bf16 *out, float *lse, const Bf16 *q,
   reserveSharedMemory(attentionForwardTcKernel, bytes, "causalAttention", d,
                       dv);
   FASTLLM_LAUNCH(tcAttentionBlocks(batch, t), kTcThreads, bytes, stream(),
-                 attentionForwardTcKernel)(out, lse, q, k, v, t, d, dv, scale);
+                 attentionForwardTcKernel)
+  (out, lse, q, k, v, t, d, dv, scale);
   checkLaunch();
   return true;
 }
@@ -480,16 +481,16 @@ bool detail::tensorCoreAttentionGrad(Bf16 *dQ, Bf16 *dK, Bf16 *dV,
   reserveSharedMemory(attentionKeyValueGradTcKernel, kvBytes,
                       "causalAttentionGrad", d, dv);
   FASTLLM_LAUNCH(blocks, kTcThreads, kvBytes, stream(),
-                 attentionKeyValueGradTcKernel)(
-      dK, dV, q, k, v, out, lse, dout, t, d, dv, scale);
+                 attentionKeyValueGradTcKernel)
+  (dK, dV, q, k, v, out, lse, dout, t, d, dv, scale);
   checkLaunch();
   const size_t qBytes =
       detail::attentionSharedBytes(detail::AttentionKernel::TcQueryGrad, d, dv);
   reserveSharedMemory(attentionQueryGradTcKernel, qBytes, "causalAttentionGrad",
                       d, dv);
   FASTLLM_LAUNCH(blocks, kTcThreads, qBytes, stream(),
-                 attentionQueryGradTcKernel)(
-      dQ, q, k, v, out, lse, dout, t, d, dv, scale);
+                 attentionQueryGradTcKernel)
+  (dQ, q, k, v, out, lse, dout, t, d, dv, scale);
   checkLaunch();
   return true;
 }

@@ -149,8 +149,8 @@ void launchGatherGrad(Acc *sums, const T *dout, const Idx *idx, int64_t outer,
   const int64_t bands = detail::gatherGradBands(outer, dimSize, inner);
   LaunchConfig launch = gridFor(outer * bands * inner);
   FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                 gatherGradKernel<Acc, T, Idx>)(
-      sums, dout, idx, outer, dimSize, numIdx, inner, bands);
+                 gatherGradKernel<Acc, T, Idx>)
+  (sums, dout, idx, outer, dimSize, numIdx, inner, bands);
   checkLaunch();
 }
 
@@ -168,8 +168,8 @@ void transpose(T *out, const T *in, int rank, const int64_t *inShape,
   const dim3 block(detail::kTransposeTile, 8);
   const unsigned blocks = static_cast<unsigned>(
       std::min<int64_t>(plan.numTiles, detail::kMaxGridBlocks));
-  FASTLLM_LAUNCH(blocks, block, 0, stream(), transposeTilesKernel<T>)(
-      out, in, plan);
+  FASTLLM_LAUNCH(blocks, block, 0, stream(), transposeTilesKernel<T>)
+  (out, in, plan);
   checkLaunch();
 }
 
@@ -203,8 +203,8 @@ void sliceGrad(T *din, const T *dout, int rank, const int64_t *inShape,
   // flat index.
   at.rank = detail::collapseDims(rank, at.shape, 1, &at.strides);
   LaunchConfig launch = gridFor(total);
-  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), scatterKernel<T>)(
-      din + offset, at, total, dout);
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), scatterKernel<T>)
+  (din + offset, at, total, dout);
   checkLaunch();
 }
 
@@ -220,8 +220,8 @@ void concat(T *out, int numInputs, const T *const *ins, const int64_t *sizes,
     if (len > 0 && outer > 0) { // an empty input may have no buffer
       LaunchConfig launch = gridFor(outer * len);
       FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                     copyRowsKernel<T>)(
-          out + first, outRow, ins[i], outer, len);
+                     copyRowsKernel<T>)
+      (out + first, outRow, ins[i], outer, len);
       checkLaunch();
     }
     first += len;
@@ -236,8 +236,8 @@ void gather(T *out, const T *in, const Idx *idx, int64_t outer, int64_t dimSize,
     return;
   LaunchConfig launch = gridFor(total);
   FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                 gatherKernel<T, Idx>)(
-      out, in, idx, total, dimSize, numIdx, inner);
+                 gatherKernel<T, Idx>)
+  (out, in, idx, total, dimSize, numIdx, inner);
   checkLaunch();
 }
 

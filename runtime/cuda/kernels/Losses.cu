@@ -128,8 +128,8 @@ RowGrad rowGradFor(const float *dloss, const Idx *targets, int64_t rows,
                    float *meanGrad) {
   if (r != Reduction::Mean)
     return {dloss, r == Reduction::None};
-  FASTLLM_LAUNCH(1, kSingleBlockThreads, 0, stream(), meanGradKernel<Idx>)(
-      meanGrad, dloss, targets, rows, hasIgnore, ignoreIndex);
+  FASTLLM_LAUNCH(1, kSingleBlockThreads, 0, stream(), meanGradKernel<Idx>)
+  (meanGrad, dloss, targets, rows, hasIgnore, ignoreIndex);
   checkLaunch();
   return {meanGrad, false};
 }
@@ -195,21 +195,21 @@ void crossEntropy(float *loss, const T *logits, const Idx *targets,
     if (rows == 0)
       return;
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                   crossEntropyRowsKernel<Idx, T, float>)(
-        loss, logits, targets, rows, classes, hasIgnore, ignoreIndex);
+                   crossEntropyRowsKernel<Idx, T, float>)
+    (loss, logits, targets, rows, classes, hasIgnore, ignoreIndex);
     return checkLaunch();
   }
   Scratch<double> perRow(rows);
   if (rows > 0) {
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                   crossEntropyRowsKernel<Idx, T, double>)(
-        perRow.get(), logits, targets, rows, classes, hasIgnore, ignoreIndex);
+                   crossEntropyRowsKernel<Idx, T, double>)
+    (perRow.get(), logits, targets, rows, classes, hasIgnore, ignoreIndex);
     checkLaunch();
   }
   FASTLLM_LAUNCH(1, kSingleBlockThreads, 0, stream(),
-                 sumLossKernel<Idx, SavedRowLoss>)(
-      loss, SavedRowLoss{perRow.get()}, targets, rows, hasIgnore, ignoreIndex, r
-      == Reduction::Mean);
+                 sumLossKernel<Idx, SavedRowLoss>)
+  (loss, SavedRowLoss{perRow.get()}, targets, rows, hasIgnore, ignoreIndex,
+   r == Reduction::Mean);
   checkLaunch();
 }
 
@@ -224,8 +224,8 @@ void crossEntropyGrad(T *dlogits, const T *logits, const Idx *targets,
                                   r, meanGrad.get());
   const LaunchConfig launch = rowsFor(rows);
   FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                 crossEntropyGradKernel<Idx, T>)(
-      dlogits, logits, targets, grad, rows, classes, hasIgnore, ignoreIndex);
+                 crossEntropyGradKernel<Idx, T>)
+  (dlogits, logits, targets, grad, rows, classes, hasIgnore, ignoreIndex);
   checkLaunch();
 }
 
@@ -238,14 +238,14 @@ void nllLoss(float *loss, const T *input, const Idx *targets, int64_t rows,
       return;
     const LaunchConfig launch = gridFor(rows);
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                   nllRowsKernel<Idx, T>)(
-        loss, input, targets, rows, classes, hasIgnore, ignoreIndex);
+                   nllRowsKernel<Idx, T>)
+    (loss, input, targets, rows, classes, hasIgnore, ignoreIndex);
     return checkLaunch();
   }
   FASTLLM_LAUNCH(1, kSingleBlockThreads, 0, stream(),
-                 sumLossKernel<Idx, NllRowLoss<Idx, T>>)(
-      loss, NllRowLoss<Idx, T>{input, targets, classes}, targets, rows,
-      hasIgnore, ignoreIndex, r == Reduction::Mean);
+                 sumLossKernel<Idx, NllRowLoss<Idx, T>>)
+  (loss, NllRowLoss<Idx, T>{input, targets, classes}, targets, rows, hasIgnore,
+   ignoreIndex, r == Reduction::Mean);
   checkLaunch();
 }
 
@@ -260,8 +260,8 @@ void nllLossGrad(T *dinput, const Idx *targets, const float *dloss,
                                   r, meanGrad.get());
   const LaunchConfig launch = gridFor(rows * classes);
   FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                 nllLossGradKernel<Idx, T>)(
-      dinput, targets, grad, rows, classes, hasIgnore, ignoreIndex);
+                 nllLossGradKernel<Idx, T>)
+  (dinput, targets, grad, rows, classes, hasIgnore, ignoreIndex);
   checkLaunch();
 }
 

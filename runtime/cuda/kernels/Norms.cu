@@ -179,8 +179,8 @@ void launchNormColumnSums(detail::NoDeduce<T> *dscale,
   const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(
       (cols + kColumnTile - 1) / kColumnTile, 1, detail::kMaxGridBlocks));
   FASTLLM_LAUNCH(blocks, dim3(kColumnTile, kColumnLanes), 0, stream(),
-                 normColumnSumsKernel<T>)(
-      dscale, dbias, x, dy, stats, rows, cols);
+                 normColumnSumsKernel<T>)
+  (dscale, dbias, x, dy, stats, rows, cols);
   checkLaunch();
 }
 
@@ -193,8 +193,8 @@ void layerNorm(T *y, const T *x, const T *scale,
   if (rows == 0 || cols == 0)
     return;
   LaunchConfig launch = rowsFor(rows);
-  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), layerNormKernel<T>)(
-      y, x, scale, bias, rows, cols, eps);
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), layerNormKernel<T>)
+  (y, x, scale, bias, rows, cols, eps);
   checkLaunch();
 }
 
@@ -208,8 +208,8 @@ void layerNormGrad(T *dx, detail::NoDeduce<T> *dscale,
   if (rows > 0) {
     LaunchConfig launch = rowsFor(rows);
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                   layerNormGradRowsKernel<T>)(
-        dx, stats.get(), x, scale, dy, rows, cols, eps);
+                   layerNormGradRowsKernel<T>)
+    (dx, stats.get(), x, scale, dy, rows, cols, eps);
     checkLaunch();
   }
   launchNormColumnSums(dscale, dbias, x, dy, stats.get(), rows, cols);
@@ -221,8 +221,8 @@ void rmsNorm(T *y, const T *x, const T *scale, int64_t rows, int64_t cols,
   if (rows == 0 || cols == 0)
     return;
   LaunchConfig launch = rowsFor(rows);
-  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), rmsNormKernel<T>)(
-      y, x, scale, rows, cols, eps);
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), rmsNormKernel<T>)
+  (y, x, scale, rows, cols, eps);
   checkLaunch();
 }
 
@@ -235,8 +235,8 @@ void rmsNormGrad(T *dx, detail::NoDeduce<T> *dscale, const T *x, const T *scale,
   if (rows > 0) {
     LaunchConfig launch = rowsFor(rows);
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                   rmsNormGradRowsKernel<T>)(
-        dx, stats.get(), x, scale, dy, rows, cols, eps);
+                   rmsNormGradRowsKernel<T>)
+    (dx, stats.get(), x, scale, dy, rows, cols, eps);
     checkLaunch();
   }
   launchNormColumnSums(dscale, nullptr, x, dy, stats.get(), rows, cols);

@@ -104,15 +104,15 @@ void launchReduce(T *out, const T *in, const detail::ReducePlan &plan, Acc init,
   if (plan.innerReduced) {
     LaunchConfig launch = rowsFor(plan.keptCount);
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                   reduceContiguousKernel<T, Acc, Combine>)(
-        out, in, plan, init, combine, meanCount);
+                   reduceContiguousKernel<T, Acc, Combine>)
+    (out, in, plan, init, combine, meanCount);
   } else {
     const unsigned blocks = static_cast<unsigned>(
         std::clamp<int64_t>((plan.keptCount + kColumnTile - 1) / kColumnTile, 1,
                             detail::kMaxGridBlocks));
     FASTLLM_LAUNCH(blocks, dim3(kColumnTile, kColumnLanes), 0, stream(),
-                   reduceStridedKernel<T, Acc, Combine>)(
-        out, in, plan, init, combine, meanCount);
+                   reduceStridedKernel<T, Acc, Combine>)
+    (out, in, plan, init, combine, meanCount);
   }
   checkLaunch();
 }

@@ -120,11 +120,13 @@ void softmax(T *y, const T *x, int64_t outer, int64_t n, int64_t inner,
   if (inner > 1) {
     LaunchConfig launch = gridFor(outer * inner);
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                   softmaxColumnsKernel<T>)(y, x, outer, n, inner, log);
+                   softmaxColumnsKernel<T>)
+    (y, x, outer, n, inner, log);
   } else {
     LaunchConfig launch = rowsFor(outer);
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                   softmaxRowsKernel<T>)(y, x, outer, n, log);
+                   softmaxRowsKernel<T>)
+    (y, x, outer, n, log);
   }
   checkLaunch();
 }
@@ -137,12 +139,13 @@ void softmaxGrad(T *dx, const T *y, const T *dy, int64_t outer, int64_t n,
   if (inner > 1) {
     LaunchConfig launch = gridFor(outer * inner);
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                   softmaxGradColumnsKernel<T>)(
-        dx, y, dy, outer, n, inner, log);
+                   softmaxGradColumnsKernel<T>)
+    (dx, y, dy, outer, n, inner, log);
   } else {
     LaunchConfig launch = rowsFor(outer);
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                   softmaxGradRowsKernel<T>)(dx, y, dy, outer, n, log);
+                   softmaxGradRowsKernel<T>)
+    (dx, y, dy, outer, n, log);
   }
   checkLaunch();
 }

@@ -89,7 +89,8 @@ TEST_F(CudaDevice, AdamWEqualsTheCpuBitForBit) {
   OneStage model;
   AdamW opt(model.plan, AdamWConfig{}, 0);
   const size_t n = model.plan.paramElements;
-  std::vector<float> master = randomVector(n, 1, 0.02f), grads = randomVector(n, 2, 1e-3f);
+  std::vector<float> master = randomVector(n, 1, 0.02f),
+                     grads = randomVector(n, 2, 1e-3f);
   std::vector<float> m(n, 0.0f), v(n, 0.0f);
   Expected<Arena> arena = allocateArena(4 * n * sizeof(float));
   ASSERT_TRUE(arena.ok()) << arena.status().message();
@@ -114,7 +115,8 @@ TEST_F(CudaDevice, ClippingAndElementwiseWorkEqualTheCpu) {
   OneStage model;
   AdamW opt(model.plan, AdamWConfig{}, 0);
   const size_t n = model.plan.paramElements;
-  std::vector<float> grads = randomVector(n, 3, 1.0f), other = randomVector(n, 4, 1.0f);
+  std::vector<float> grads = randomVector(n, 3, 1.0f),
+                     other = randomVector(n, 4, 1.0f);
   Expected<Arena> arena = allocateArena(2 * n * sizeof(float));
   ASSERT_TRUE(arena.ok());
   float *d = reinterpret_cast<float *>(arena->data.get());

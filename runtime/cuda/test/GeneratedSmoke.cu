@@ -30,49 +30,79 @@ namespace {
 __device__ const float g0[1] = {1.000000000e+00f};
 
 struct F0 {
-  __host__ __device__ float operator()(float x0, float x1) const { return x0 + x1; }
+  __host__ __device__ float operator()(float x0, float x1) const {
+    return x0 + x1;
+  }
 };
 struct F1 {
   __host__ __device__ float operator()(float x0) const { return fastTanh(x0); }
 };
 struct F2 {
-  __host__ __device__ float operator()(float x0, float x1) const { return x0 * x1; }
+  __host__ __device__ float operator()(float x0, float x1) const {
+    return x0 * x1;
+  }
 };
 struct F3 {
-  __host__ __device__ float operator()(float x0, float x1) const { return x0 - x1; }
+  __host__ __device__ float operator()(float x0, float x1) const {
+    return x0 - x1;
+  }
 };
 struct F4 {
-  __host__ __device__ bool operator()(float x0, float x1) const { return x0 < x1; }
+  __host__ __device__ bool operator()(float x0, float x1) const {
+    return x0 < x1;
+  }
 };
 struct F5 {
-  __host__ __device__ float operator()(bool x0, float x1, float x2) const { return x0 ? x1 : x2; }
+  __host__ __device__ float operator()(bool x0, float x1, float x2) const {
+    return x0 ? x1 : x2;
+  }
 };
 struct F6 {
-  __host__ __device__ float operator()(float x0, float x1) const { return std::pow(x0, x1) + 1.0f / std::sqrt(x0) + std::log(x1) + std::sin(x0) * std::cos(x1); }
+  __host__ __device__ float operator()(float x0, float x1) const {
+    return std::pow(x0, x1) + 1.0f / std::sqrt(x0) + std::log(x1) +
+           std::sin(x0) * std::cos(x1);
+  }
 };
 struct F7 {
-  __host__ __device__ float operator()(float x0, float x1) const { return geluGrad(x0, x1, true) + gelu(x0, false) + silu(x1) + sigmoid(x0) + fastErf(x1) + fastExp(x0); }
+  __host__ __device__ float operator()(float x0, float x1) const {
+    return geluGrad(x0, x1, true) + gelu(x0, false) + silu(x1) + sigmoid(x0) +
+           fastErf(x1) + fastExp(x0);
+  }
 };
 struct F8 {
   __host__ __device__ bool operator()(int64_t x0) const { return x0 != 0; }
 };
 struct F9 {
-  __host__ __device__ float operator()(bool x0) const { return static_cast<float>(x0); }
+  __host__ __device__ float operator()(bool x0) const {
+    return static_cast<float>(x0);
+  }
 };
 struct F10 {
-  __host__ __device__ __nv_bfloat16 operator()(float x0) const { return static_cast<__nv_bfloat16>(x0); }
+  __host__ __device__ __nv_bfloat16 operator()(float x0) const {
+    return static_cast<__nv_bfloat16>(x0);
+  }
 };
 struct F11 {
-  __host__ __device__ __nv_bfloat16 operator()(__nv_bfloat16 x0, __nv_bfloat16 x1) const { return x0 + x1; }
+  __host__ __device__ __nv_bfloat16 operator()(__nv_bfloat16 x0,
+                                               __nv_bfloat16 x1) const {
+    return x0 + x1;
+  }
 };
 struct F12 {
-  __host__ __device__ __nv_bfloat16 operator()(__nv_bfloat16 x0) const { return gelu(x0, false); }
+  __host__ __device__ __nv_bfloat16 operator()(__nv_bfloat16 x0) const {
+    return gelu(x0, false);
+  }
 };
 struct F13 {
-  __host__ __device__ __nv_bfloat16 operator()(__nv_bfloat16 x0, __nv_bfloat16 x1) const { return geluGrad(x0, x1, false); }
+  __host__ __device__ __nv_bfloat16 operator()(__nv_bfloat16 x0,
+                                               __nv_bfloat16 x1) const {
+    return geluGrad(x0, x1, false);
+  }
 };
 struct F14 {
-  __host__ __device__ float operator()(__nv_bfloat16 x0) const { return static_cast<float>(x0); }
+  __host__ __device__ float operator()(__nv_bfloat16 x0) const {
+    return static_cast<float>(x0);
+  }
 };
 } // namespace
 
@@ -84,8 +114,8 @@ extern "C" float fastllm_smoke_step(char *arena) {
   }();
   const int64_t *a0 = reinterpret_cast<const int64_t *>(arena + 0);
   const int64_t *a1 = reinterpret_cast<const int64_t *>(arena + 256);
-  float *v0 = reinterpret_cast<float *>(arena + 512); // @emb
-  float *v1 = reinterpret_cast<float *>(arena + 768); // @bias
+  float *v0 = reinterpret_cast<float *>(arena + 512);  // @emb
+  float *v1 = reinterpret_cast<float *>(arena + 768);  // @bias
   float *v2 = reinterpret_cast<float *>(arena + 1024); // @head
   float *v3 = reinterpret_cast<float *>(arena + 1280);
   gather<float, int64_t>(v3, v0, a0, 1, 5, 6, 4);
@@ -170,12 +200,14 @@ extern "C" float fastllm_smoke_step(char *arena) {
   }
   float *v25 = reinterpret_cast<float *>(arena + 6912);
   {
-    static const int64_t big[] = {6, 4}, start[] = {5, 0}, stride[] = {-2, 1}, small[] = {3, 4};
+    static const int64_t big[] = {6, 4}, start[] = {5, 0}, stride[] = {-2, 1},
+                         small[] = {3, 4};
     slice(v25, v3, 2, big, start, stride, small);
   }
   float *v26 = reinterpret_cast<float *>(arena + 7168);
   {
-    static const int64_t big[] = {6, 4}, start[] = {5, 0}, stride[] = {-2, 1}, small[] = {3, 4};
+    static const int64_t big[] = {6, 4}, start[] = {5, 0}, stride[] = {-2, 1},
+                         small[] = {3, 4};
     sliceGrad(v26, v25, 2, big, start, stride, small);
   }
   float *v27 = reinterpret_cast<float *>(arena + 7424);
@@ -190,7 +222,8 @@ extern "C" float fastllm_smoke_step(char *arena) {
   float *v30 = reinterpret_cast<float *>(arena + 8192);
   float *v31 = reinterpret_cast<float *>(arena + 8448);
   float *v32 = reinterpret_cast<float *>(arena + 8704);
-  causalAttentionGrad(v30, v31, v32, v4, v4, v5, v28, v29, v12, 2, 3, 4, 4, 5.000000000e-01f);
+  causalAttentionGrad(v30, v31, v32, v4, v4, v5, v28, v29, v12, 2, 3, 4, 4,
+                      5.000000000e-01f);
   float *v33 = reinterpret_cast<float *>(arena + 8960);
   nllLoss<int64_t>(v33, v22, a1, 6, 5, true, -100, Reduction::Sum);
   float *v34 = reinterpret_cast<float *>(arena + 9216);
@@ -208,7 +241,8 @@ extern "C" float fastllm_smoke_step(char *arena) {
     static const int64_t s0[] = {4, 1};
     static const int64_t s1[] = {4, 1};
     static const int64_t s2[] = {4, 1};
-    elementwise(v36, 2, shape, F5{}, In<bool>{v35, s0}, In<float>{v3, s1}, In<float>{v12, s2});
+    elementwise(v36, 2, shape, F5{}, In<bool>{v35, s0}, In<float>{v3, s1},
+                In<float>{v12, s2});
   }
   float *v37 = reinterpret_cast<float *>(arena + 9984);
   {
@@ -226,9 +260,9 @@ extern "C" float fastllm_smoke_step(char *arena) {
     elementwise(v37, 1, shape, F9{}, In<bool>{v38, s0});
   }
 
-  fill(reinterpret_cast<float *>(arena + 10496), 192, 0.0f); // stage 0
+  fill(reinterpret_cast<float *>(arena + 10496), 192, 0.0f);  // stage 0
   addInto(reinterpret_cast<float *>(arena + 10496), v14, 20); // @emb
-  addInto(reinterpret_cast<float *>(arena + 10752), v13, 4); // @bias
+  addInto(reinterpret_cast<float *>(arena + 10752), v13, 4);  // @bias
   addInto(reinterpret_cast<float *>(arena + 11008), v11, 20); // @head
   copy(v26, v25, 12);
   FASTLLM_CUDA_CHECK(cudaStreamSynchronize(stream()));
@@ -243,8 +277,8 @@ extern "C" float fastllm_smoke_bf16_step(char *arena) {
   }();
   const int64_t *a0 = reinterpret_cast<const int64_t *>(arena + 0);
   const int64_t *a1 = reinterpret_cast<const int64_t *>(arena + 256);
-  float *v0 = reinterpret_cast<float *>(arena + 512); // @emb
-  float *v1 = reinterpret_cast<float *>(arena + 768); // @bias
+  float *v0 = reinterpret_cast<float *>(arena + 512);  // @emb
+  float *v1 = reinterpret_cast<float *>(arena + 768);  // @bias
   float *v2 = reinterpret_cast<float *>(arena + 1024); // @head
   __nv_bfloat16 *v3 = reinterpret_cast<__nv_bfloat16 *>(arena + 11264);
   __nv_bfloat16 *v4 = reinterpret_cast<__nv_bfloat16 *>(arena + 11520);
@@ -267,7 +301,8 @@ extern "C" float fastllm_smoke_bf16_step(char *arena) {
     static const int64_t shape[] = {2, 3, 4};
     static const int64_t s0[] = {12, 4, 1};
     static const int64_t s1[] = {0, 0, 1};
-    elementwise(v7, 3, shape, F11{}, In<__nv_bfloat16>{v6, s0}, In<__nv_bfloat16>{v4, s1});
+    elementwise(v7, 3, shape, F11{}, In<__nv_bfloat16>{v6, s0},
+                In<__nv_bfloat16>{v4, s1});
   }
   __nv_bfloat16 *v8 = reinterpret_cast<__nv_bfloat16 *>(arena + 12544);
   {
@@ -298,7 +333,8 @@ extern "C" float fastllm_smoke_bf16_step(char *arena) {
   {
     static const int64_t shape[] = {6, 4};
     static const int64_t s0[] = {4, 1};
-    elementwise(v14, 2, shape, F13{}, In<__nv_bfloat16>{v7, s0}, In<__nv_bfloat16>{v12, s0});
+    elementwise(v14, 2, shape, F13{}, In<__nv_bfloat16>{v7, s0},
+                In<__nv_bfloat16>{v12, s0});
   }
   __nv_bfloat16 *v15 = reinterpret_cast<__nv_bfloat16 *>(arena + 14336);
   {
@@ -332,12 +368,14 @@ extern "C" float fastllm_smoke_bf16_step(char *arena) {
   }
   __nv_bfloat16 *v27 = reinterpret_cast<__nv_bfloat16 *>(arena + 17408);
   {
-    static const int64_t big[] = {6, 4}, start[] = {5, 0}, stride[] = {-2, 1}, small[] = {3, 4};
+    static const int64_t big[] = {6, 4}, start[] = {5, 0}, stride[] = {-2, 1},
+                         small[] = {3, 4};
     slice(v27, v6, 2, big, start, stride, small);
   }
   __nv_bfloat16 *v28 = reinterpret_cast<__nv_bfloat16 *>(arena + 17664);
   {
-    static const int64_t big[] = {6, 4}, start[] = {5, 0}, stride[] = {-2, 1}, small[] = {3, 4};
+    static const int64_t big[] = {6, 4}, start[] = {5, 0}, stride[] = {-2, 1},
+                         small[] = {3, 4};
     sliceGrad(v28, v27, 2, big, start, stride, small);
   }
   __nv_bfloat16 *v29 = reinterpret_cast<__nv_bfloat16 *>(arena + 17920);
@@ -352,7 +390,8 @@ extern "C" float fastllm_smoke_bf16_step(char *arena) {
   __nv_bfloat16 *v32 = reinterpret_cast<__nv_bfloat16 *>(arena + 18688);
   __nv_bfloat16 *v33 = reinterpret_cast<__nv_bfloat16 *>(arena + 18944);
   __nv_bfloat16 *v34 = reinterpret_cast<__nv_bfloat16 *>(arena + 19200);
-  causalAttentionGrad(v32, v33, v34, v7, v7, v8, v30, v31, v14, 2, 3, 4, 4, 5.000000000e-01f);
+  causalAttentionGrad(v32, v33, v34, v7, v7, v8, v30, v31, v14, 2, 3, 4, 4,
+                      5.000000000e-01f);
   float *v35 = reinterpret_cast<float *>(arena + 19456);
   nllLoss<int64_t>(v35, v24, a1, 6, 5, true, -100, Reduction::Sum);
   __nv_bfloat16 *v36 = reinterpret_cast<__nv_bfloat16 *>(arena + 19712);
@@ -365,9 +404,9 @@ extern "C" float fastllm_smoke_bf16_step(char *arena) {
   }
 
   // bf16 gradients added into the float gradient slots.
-  fill(reinterpret_cast<float *>(arena + 10496), 192, 0.0f); // stage 0
+  fill(reinterpret_cast<float *>(arena + 10496), 192, 0.0f);  // stage 0
   addInto(reinterpret_cast<float *>(arena + 10496), v16, 20); // @emb
-  addInto(reinterpret_cast<float *>(arena + 10752), v15, 4); // @bias
+  addInto(reinterpret_cast<float *>(arena + 10752), v15, 4);  // @bias
   addInto(reinterpret_cast<float *>(arena + 11008), v13, 20); // @head
   fill(v28, 24, 0.0f);
   addInto(v28, v27, 12);

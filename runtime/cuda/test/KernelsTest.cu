@@ -1404,23 +1404,23 @@ TEST_F(CudaKernels, Dropout) {
   DeviceArray<float> dx(x), dout(n);
   rt::cuda::dropout(dout.get(), dx.get(), false, n, per, 77u, threshold, scale,
                     5, 9, 12);
-  rt::cpu::dropout(want.data(), x.data(), false, n, per, 77u, threshold,
-                   scale, 5, 9, 12);
+  rt::cpu::dropout(want.data(), x.data(), false, n, per, 77u, threshold, scale,
+                   5, 9, 12);
   EXPECT_EQ(dout.download(), want);
 
   std::vector<float> two = {2.0f};
   DeviceArray<float> dtwo(two);
-  rt::cuda::dropout(dout.get(), dtwo.get(), true, n, per, 77u, threshold,
-                    scale, 5, 9, 12);
-  rt::cpu::dropout(want.data(), two.data(), true, n, per, 77u, threshold,
-                   scale, 5, 9, 12);
+  rt::cuda::dropout(dout.get(), dtwo.get(), true, n, per, 77u, threshold, scale,
+                    5, 9, 12);
+  rt::cpu::dropout(want.data(), two.data(), true, n, per, 77u, threshold, scale,
+                   5, 9, 12);
   EXPECT_EQ(dout.download(), want);
 
   DeviceArray<bf16> dxb(roundToBf16(x)), doutb(n);
   rt::cuda::dropout(doutb.get(), dxb.get(), false, n, per, 77u, threshold,
                     scale, 5, 9, 12);
-  rt::cpu::dropout(want.data(), x.data(), false, n, per, 77u, threshold,
-                   scale, 5, 9, 12);
+  rt::cpu::dropout(want.data(), x.data(), false, n, per, 77u, threshold, scale,
+                   5, 9, 12);
   EXPECT_EQ(widened(doutb.download()), roundedToBf16(want));
 }
 

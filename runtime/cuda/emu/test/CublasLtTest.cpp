@@ -41,10 +41,9 @@ public:
           int32_t batch, int64_t stride, size_t offsetBytes = 0)
       : type(type), rows(rows), cols(cols), ld(ld), stride(stride),
         batch(batch), offset(offsetBytes) {
-    const int64_t elems =
-        (rows == 0 || cols == 0)
-            ? 0
-            : (batch - 1) * stride + (cols - 1) * ld + rows;
+    const int64_t elems = (rows == 0 || cols == 0)
+                              ? 0
+                              : (batch - 1) * stride + (cols - 1) * ld + rows;
     size = size_t(elems);
     storage.resize(size * elemSize() + offset + 512);
     fill(0.f);
@@ -82,7 +81,9 @@ public:
   size_t index(int64_t b, int64_t i, int64_t j) const {
     return size_t(b * stride + j * ld + i);
   }
-  float get(int64_t b, int64_t i, int64_t j) const { return at(index(b, i, j)); }
+  float get(int64_t b, int64_t i, int64_t j) const {
+    return at(index(b, i, j));
+  }
   void set(int64_t b, int64_t i, int64_t j, float x) {
     setAt(index(b, i, j), x);
   }
@@ -318,8 +319,10 @@ TEST(CublasLt, Fp32Transposes) {
   for (cublasOperation_t ta : {CUBLAS_OP_N, CUBLAS_OP_T})
     for (cublasOperation_t tb : {CUBLAS_OP_N, CUBLAS_OP_T}) {
       SCOPED_TRACE(testing::Message() << "transA " << ta << " transB " << tb);
-      const int64_t ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
-      const int64_t br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
+      const int64_t ar = ta == CUBLAS_OP_N ? m : k,
+                    ac = ta == CUBLAS_OP_N ? k : m;
+      const int64_t br = tb == CUBLAS_OP_N ? k : n,
+                    bc = tb == CUBLAS_OP_N ? n : k;
       Operand a(CUDA_R_32F, ar, ac, ar + 3, 1, 0);
       Operand b(CUDA_R_32F, br, bc, br + 5, 1, 0);
       Operand d(CUDA_R_32F, m, n, m + 2, 1, 0);
@@ -392,7 +395,8 @@ TEST(CublasLt, BetaOneAccumulatesInPlace) {
 TEST(CublasLt, OutOfPlaceReadsC) {
   const int64_t m = 18, n = 13, k = 9;
   const int32_t batch = 2;
-  Operand a(CUDA_R_32F, m, k, m, batch, m * k), b(CUDA_R_32F, k, n, k, batch, 0);
+  Operand a(CUDA_R_32F, m, k, m, batch, m * k),
+      b(CUDA_R_32F, k, n, k, batch, 0);
   Operand c(CUDA_R_32F, m, n, m + 7, batch, (m + 7) * n);
   Operand d(CUDA_R_32F, m, n, m + 1, batch, (m + 1) * n + 3);
   Call call{CUBLAS_OP_N, CUBLAS_OP_N, -0.75f, 0.3f, &a, &b, &c, &d};
@@ -415,8 +419,10 @@ TEST(CublasLt, Bf16InBf16Out) {
   for (cublasOperation_t ta : {CUBLAS_OP_N, CUBLAS_OP_T})
     for (cublasOperation_t tb : {CUBLAS_OP_N, CUBLAS_OP_T}) {
       SCOPED_TRACE(testing::Message() << "transA " << ta << " transB " << tb);
-      const int64_t ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
-      const int64_t br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
+      const int64_t ar = ta == CUBLAS_OP_N ? m : k,
+                    ac = ta == CUBLAS_OP_N ? k : m;
+      const int64_t br = tb == CUBLAS_OP_N ? k : n,
+                    bc = tb == CUBLAS_OP_N ? n : k;
       Operand a(CUDA_R_16BF, ar, ac, ar + 1, 2, ar * ac + 2 * ac);
       Operand b(CUDA_R_16BF, br, bc, br, 2, 0);
       Operand d(CUDA_R_16BF, m, n, m + 2, 2, (m + 2) * n);
@@ -467,9 +473,8 @@ TEST(CublasLt, Fp32Large) {
 TEST(CublasLtErrors, StatusStrings) {
   EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED),
                "CUBLAS_STATUS_NOT_SUPPORTED");
-  for (cublasStatus_t s :
-       {CUBLAS_STATUS_SUCCESS, CUBLAS_STATUS_INVALID_VALUE,
-        CUBLAS_STATUS_NOT_SUPPORTED, cublasStatus_t(31)})
+  for (cublasStatus_t s : {CUBLAS_STATUS_SUCCESS, CUBLAS_STATUS_INVALID_VALUE,
+                           CUBLAS_STATUS_NOT_SUPPORTED, cublasStatus_t(31)})
     EXPECT_NE(cublasLtGetStatusString(s), nullptr);
   EXPECT_STRNE(cublasLtGetStatusString(CUBLAS_STATUS_INVALID_VALUE),
                cublasLtGetStatusString(CUBLAS_STATUS_NOT_SUPPORTED));
@@ -534,9 +539,9 @@ TEST(CublasLtErrors, MatmulDescAttributes) {
   cublasLtMatmulDesc_t desc = nullptr;
   EXPECT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_64F, CUDA_R_64F),
             CUBLAS_STATUS_NOT_SUPPORTED);
-  EXPECT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F_FAST_TF32,
-                                     CUDA_R_32F),
-            CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(
+      cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F),
+      CUBLAS_STATUS_NOT_SUPPORTED);
   EXPECT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_16BF),
             CUBLAS_STATUS_NOT_SUPPORTED);
   ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
@@ -556,10 +561,11 @@ TEST(CublasLtErrors, MatmulDescAttributes) {
   EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                            &conj, 4),
             CUBLAS_STATUS_NOT_SUPPORTED);
-  EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSC,
-                                           &t, 4),
-            CUBLAS_STATUS_NOT_SUPPORTED);
-  const uint32_t relu = CUBLASLT_EPILOGUE_RELU, plain = CUBLASLT_EPILOGUE_DEFAULT;
+  EXPECT_EQ(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSC, &t, 4),
+      CUBLAS_STATUS_NOT_SUPPORTED);
+  const uint32_t relu = CUBLASLT_EPILOGUE_RELU,
+                 plain = CUBLASLT_EPILOGUE_DEFAULT;
   EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                            &relu, 4),
             CUBLAS_STATUS_NOT_SUPPORTED);
@@ -624,7 +630,9 @@ struct Small {
   Operand a{CUDA_R_32F, 8, 4, 8, 1, 0};
   Operand b{CUDA_R_32F, 4, 6, 4, 1, 0};
   Operand d{CUDA_R_32F, 8, 6, 8, 1, 0};
-  Call call() { return Call{CUBLAS_OP_N, CUBLAS_OP_N, 1.f, 0.f, &a, &b, &d, &d}; }
+  Call call() {
+    return Call{CUBLAS_OP_N, CUBLAS_OP_N, 1.f, 0.f, &a, &b, &d, &d};
+  }
 };
 
 TEST(CublasLtErrors, ValidSmallCaseRuns) {
@@ -758,9 +766,9 @@ TEST(CublasLtErrors, MatmulArguments) {
   Small s;
   Descriptors ds(s);
   const float alpha = 1.f, beta = 0.f;
-  EXPECT_EQ(cublasLtMatmul(nullptr, ds.desc, &alpha, s.a.ptr(), ds.a,
-                           s.b.ptr(), ds.b, &beta, s.d.ptr(), ds.d, s.d.ptr(),
-                           ds.d, nullptr, nullptr, 0, 0),
+  EXPECT_EQ(cublasLtMatmul(nullptr, ds.desc, &alpha, s.a.ptr(), ds.a, s.b.ptr(),
+                           ds.b, &beta, s.d.ptr(), ds.d, s.d.ptr(), ds.d,
+                           nullptr, nullptr, 0, 0),
             CUBLAS_STATUS_NOT_INITIALIZED);
   EXPECT_EQ(cublasLtMatmul(handle(), ds.desc, nullptr, s.a.ptr(), ds.a,
                            s.b.ptr(), ds.b, &beta, s.d.ptr(), ds.d, s.d.ptr(),

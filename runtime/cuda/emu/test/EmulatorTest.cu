@@ -34,7 +34,8 @@ template <typename T> struct Buffer {
 };
 
 __global__ void indicesKernel(int *out) {
-  const int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const int t =
+      threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   const int b = blockIdx.x + gridDim.x * blockIdx.y;
   out[b * blockDim.x * blockDim.y * blockDim.z + t] = b * 1000 + t;
 }
@@ -227,7 +228,8 @@ TEST(CudaEmulation, WmmaMultipliesAndChecksItsRules) {
   for (int i = 0; i < 16; ++i)
     for (int k = 0; k < 16; ++k) {
       a.p[i * 24 + k] = __float2bfloat16(float(i - k) / 8);
-      b.p[i * 24 + k] = __float2bfloat16(float(i + 2 * k) / 16); // B[k][j] at j*24+k
+      b.p[i * 24 + k] =
+          __float2bfloat16(float(i + 2 * k) / 16); // B[k][j] at j*24+k
     }
   FASTLLM_LAUNCH(1, 32, 0, nullptr, wmmaKernel)(c.p, a.p, b.p, 24u);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -270,10 +272,13 @@ TEST(CudaEmulation, EventsOrderStreams) {
   constexpr int n = 1 << 16;
   Buffer<int> x(n), y(n);
   cudaStream_t first, second;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking), cudaSuccess);
-  ASSERT_EQ(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking),
+            cudaSuccess);
   cudaEvent_t done;
-  ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
+            cudaSuccess);
   for (int round = 0; round < 20; ++round)
     FASTLLM_LAUNCH(1, 256, 0, first, addOneKernel)(x.p, n);
   ASSERT_EQ(cudaEventRecord(done, first), cudaSuccess);

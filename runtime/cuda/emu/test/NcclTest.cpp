@@ -68,7 +68,7 @@ int worldRank = 0, worldSize = 1;
 #define CHECK(cond)                                                            \
   do {                                                                         \
     if (!(cond)) {                                                             \
-      std::fprintf(stderr, "rank %d: NcclTest.cpp:%d: check failed: %s\n",    \
+      std::fprintf(stderr, "rank %d: NcclTest.cpp:%d: check failed: %s\n",     \
                    worldRank, __LINE__, #cond);                                \
       std::fflush(stderr);                                                     \
       MPI_Abort(MPI_COMM_WORLD, 2);                                            \
@@ -132,8 +132,7 @@ ncclComm_t join(int rank, bool blocking, ncclUniqueId id) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = blocking ? 1 : 0;
   ncclComm_t comm = nullptr;
-  ncclResult_t r =
-      ncclCommInitRankConfig(&comm, worldSize, id, rank, &config);
+  ncclResult_t r = ncclCommInitRankConfig(&comm, worldSize, id, rank, &config);
   CHECK(comm != nullptr);
   CHECK_RESULT(settle(comm, r), ncclSuccess);
   return comm;
@@ -214,8 +213,8 @@ void checkBytes(ncclComm_t comm, int rank, int nranks) {
     for (size_t i = 0; i < count; ++i)
       CHECK(full[size_t(r) * count + i] == int8_t(r * 7 - int(i)));
   std::vector<double> d(3, rank + 0.5), all(size_t(nranks) * 3);
-  finish(comm, ncclAllGather(d.data(), all.data(), 3, ncclDouble, comm,
-                             kStream));
+  finish(comm,
+         ncclAllGather(d.data(), all.data(), 3, ncclDouble, comm, kStream));
   for (int r = 0; r < nranks; ++r)
     CHECK(all[size_t(r) * 3 + 2] == r + 0.5);
 }
@@ -238,10 +237,10 @@ void checkStreamOrder(ncclComm_t comm, int rank, int nranks) {
   CHECK_RESULT(settle(comm, ncclAllGather(shard.data(), full.data(), count,
                                           ncclFloat, comm, kStream)),
                ncclSuccess);
-  CHECK_RESULT(settle(comm, ncclReduceScatter(in.data(), part.data(), count,
-                                              ncclFloat, ncclSum, comm,
-                                              kStream)),
-               ncclSuccess);
+  CHECK_RESULT(
+      settle(comm, ncclReduceScatter(in.data(), part.data(), count, ncclFloat,
+                                     ncclSum, comm, kStream)),
+      ncclSuccess);
   synchronize(kStream);
   for (size_t r = 0; r < n; ++r)
     for (size_t i = 0; i < count; ++i)
@@ -261,8 +260,8 @@ void checkUnsettled(ncclComm_t comm, int rank, int nranks) {
   std::vector<float> shard(count, float(rank)), full(size_t(nranks) * count);
   if (rank != 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ncclResult_t r = ncclAllGather(shard.data(), full.data(), count, ncclFloat,
-                                 comm, kStream);
+  ncclResult_t r =
+      ncclAllGather(shard.data(), full.data(), count, ncclFloat, comm, kStream);
   if (rank == 0) {
     CHECK_RESULT(r, ncclInProgress);
     CHECK_RESULT(ncclAllGather(shard.data(), full.data(), count, ncclFloat,
@@ -311,8 +310,7 @@ void testCollectives() {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t comm = nullptr;
-    CHECK_RESULT(settle(comm, ncclCommInitRankConfig(&comm, 1, id, 0,
-                                                     &config)),
+    CHECK_RESULT(settle(comm, ncclCommInitRankConfig(&comm, 1, id, 0, &config)),
                  ncclSuccess);
     checkCollectives(comm, 0, 1, 1000);
     CHECK_RESULT(ncclCommDestroy(comm), ncclSuccess);
@@ -328,15 +326,14 @@ void testRejected() {
   ncclComm_t comm = nullptr;
   // Each of these fails before any communication.
   CHECK_RESULT(ncclGetUniqueId(nullptr), ncclInvalidArgument);
-  CHECK_RESULT(ncclCommInitRankConfig(nullptr, worldSize, id, worldRank,
-                                      &config),
-               ncclInvalidArgument);
+  CHECK_RESULT(
+      ncclCommInitRankConfig(nullptr, worldSize, id, worldRank, &config),
+      ncclInvalidArgument);
   CHECK_RESULT(ncclCommInitRankConfig(&comm, 0, id, 0, &config),
                ncclInvalidArgument);
   CHECK_RESULT(ncclCommInitRankConfig(&comm, worldSize, id, -1, &config),
                ncclInvalidArgument);
-  CHECK_RESULT(ncclCommInitRankConfig(&comm, worldSize, id, worldSize,
-                                      &config),
+  CHECK_RESULT(ncclCommInitRankConfig(&comm, worldSize, id, worldSize, &config),
                ncclInvalidArgument);
   CHECK(comm == nullptr);
   {
@@ -362,14 +359,14 @@ void testRejected() {
   }
   ncclUniqueId zero;
   std::memset(&zero, 0, sizeof(zero));
-  CHECK_RESULT(ncclCommInitRankConfig(&comm, worldSize, zero, worldRank,
-                                      &config),
-               ncclInvalidArgument);
+  CHECK_RESULT(
+      ncclCommInitRankConfig(&comm, worldSize, zero, worldRank, &config),
+      ncclInvalidArgument);
   CHECK(std::strlen(ncclGetLastError(nullptr)) > 0);
   // Every process of MPI_COMM_WORLD, or this one alone.
-  CHECK_RESULT(ncclCommInitRankConfig(&comm, worldSize + 1, id, worldRank,
-                                      &config),
-               ncclInvalidUsage);
+  CHECK_RESULT(
+      ncclCommInitRankConfig(&comm, worldSize + 1, id, worldRank, &config),
+      ncclInvalidUsage);
   CHECK(comm == nullptr);
 
   comm = join(worldRank, false, id);
@@ -385,22 +382,22 @@ void testRejected() {
   CHECK_RESULT(ncclReduceScatter(b, a, 2, ncclFloat, ncclRedOp_t(ncclNumOps),
                                  comm, kStream),
                ncclInvalidArgument);
-  CHECK_RESULT(ncclReduceScatter(b, a, 2, ncclDataType_t(ncclNumTypes),
-                                 ncclSum, comm, kStream),
+  CHECK_RESULT(ncclReduceScatter(b, a, 2, ncclDataType_t(ncclNumTypes), ncclSum,
+                                 comm, kStream),
                ncclInvalidArgument);
-  CHECK_RESULT(ncclAllGather(a, b, 2, ncclDataType_t(ncclNumTypes), comm,
-                             kStream),
-               ncclInvalidArgument);
+  CHECK_RESULT(
+      ncclAllGather(a, b, 2, ncclDataType_t(ncclNumTypes), comm, kStream),
+      ncclInvalidArgument);
   CHECK_RESULT(ncclAllGather(a, b, 2, ncclDataType_t(-1), comm, kStream),
                ncclInvalidArgument);
   CHECK_RESULT(ncclAllGather(nullptr, b, 2, ncclFloat, comm, kStream),
                ncclInvalidArgument);
-  CHECK_RESULT(ncclReduceScatter(b, nullptr, 2, ncclFloat, ncclSum, comm,
-                                 kStream),
-               ncclInvalidArgument);
-  CHECK_RESULT(ncclAllGather(a, b, size_t(INT_MAX) + 1, ncclFloat, comm,
-                             kStream),
-               ncclInvalidArgument);
+  CHECK_RESULT(
+      ncclReduceScatter(b, nullptr, 2, ncclFloat, ncclSum, comm, kStream),
+      ncclInvalidArgument);
+  CHECK_RESULT(
+      ncclAllGather(a, b, size_t(INT_MAX) + 1, ncclFloat, comm, kStream),
+      ncclInvalidArgument);
   CHECK_RESULT(ncclAllGather(a, b, SIZE_MAX / 2, ncclFloat, comm, kStream),
                ncclInvalidArgument);
   CHECK_RESULT(ncclAllGather(a, b, 2, ncclFloat, nullptr, kStream),
@@ -554,8 +551,7 @@ void testThreadLevel() {
   ncclUniqueId id = sharedId();
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   ncclComm_t comm = nullptr;
-  CHECK_RESULT(ncclCommInitRankConfig(&comm, worldSize, id, worldRank,
-                                      &config),
+  CHECK_RESULT(ncclCommInitRankConfig(&comm, worldSize, id, worldRank, &config),
                ncclInvalidUsage);
   CHECK(std::strstr(ncclGetLastError(nullptr), "MPI_THREAD_MULTIPLE"));
   CHECK(comm == nullptr);
@@ -632,8 +628,8 @@ void peerExit() {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   std::vector<float> shard(16, 1), full(size_t(worldSize) * 16);
   const Clock::time_point start = Clock::now();
-  ncclResult_t r = ncclAllGather(shard.data(), full.data(), 16, ncclFloat,
-                                 comm, kStream);
+  ncclResult_t r =
+      ncclAllGather(shard.data(), full.data(), 16, ncclFloat, comm, kStream);
   r = settle(comm, r, 10);
   if (threadedStreams() && r == ncclSuccess) { // the stream is waiting
     while (seconds(Clock::now() - start) < 10) {
@@ -662,15 +658,14 @@ void overlapping(bool gather) {
   // In place is fine on one rank: the send buffer is the receive buffer.
   CHECK_RESULT(ncclAllGather(buffer, buffer, 8, ncclFloat, comm, kStream),
                ncclSuccess);
-  CHECK_RESULT(ncclReduceScatter(buffer, buffer, 8, ncclFloat, ncclSum, comm,
-                                 kStream),
-               ncclSuccess);
+  CHECK_RESULT(
+      ncclReduceScatter(buffer, buffer, 8, ncclFloat, ncclSum, comm, kStream),
+      ncclSuccess);
   std::fprintf(stderr, "expecting a fatal error:\n");
   if (gather)
     ncclAllGather(buffer + 1, buffer, 8, ncclFloat, comm, kStream);
   else
-    ncclReduceScatter(buffer, buffer + 1, 8, ncclFloat, ncclSum, comm,
-                      kStream);
+    ncclReduceScatter(buffer, buffer + 1, 8, ncclFloat, ncclSum, comm, kStream);
   std::fprintf(stderr, "the overlap was not reported\n");
   std::exit(3);
 }
