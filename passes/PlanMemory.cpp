@@ -79,130 +79,140 @@ static int64_t placeBuffers(MutableArrayRef<Buffer> buffers, int64_t align) {
   return peak;
 }
 
-void PlanMemoryPass::runOnOperation() {
-  ModuleOp module = getOperation();
-  auto step = module.lookupSymbol<func::FuncOp>("train_step");
-  if (!step) {
-    module.emitError("no func.func @train_step to plan; run fastllm-autodiff first");
-    return signalPassFailure();
-  }
-  std::optional<MemoryPlan> layout = MemoryPlan::get(module, PlanParts(PlanPart::Layout));
-  if (!layout)
-    return signalPassFailure();
-  if (layout->arenaBytes) {
-    module.emitError("the module's memory is already planned");
-    return signalPassFailure();
-  }
-  MemoryPlan plan = std::move(*layout);
-  const int64_t alignment = plan.alignment;
-  if (alignment <= 0 || !llvm::isPowerOf2_64(alignment)) {
-    module.emitError("the plan's alignment must be a positive power of two, "
-                     "got ")
-        << alignment;
-    return signalPassFailure();
-  }
-  Builder b(module.getContext());
-  auto align = [&](int64_t v) { return (int64_t)llvm::alignTo(v, alignment); };
-  const int64_t dp = plan.dataParallel;
+namespace {
+/// The arena's fixed regions, laid out one after the other from offset 0.
+struct Arena {
+  int64_t alignment;
   int64_t cursor = 0;
-  auto place = [&](int64_t bytes) {
+  int64_t align(int64_t v) const {
+    return (int64_t)llvm::alignTo(v, alignment);
+  }
+  /// Reserves `bytes` (aligned) at the cursor; returns their offset.
+  int64_t place(int64_t bytes) {
     int64_t offset = cursor;
     cursor += align(bytes);
     return offset;
-  };
-  // The slots the layout sized get their offsets here.
+  }
+};
+} // namespace
+
+/// The regions of the weights, gradients, optimizer state and frozen
+/// parameters, and the offsets of the slots the layout sized.
+static void placeParameterRegions(MemoryPlan &plan, Arena &arena) {
+  const int64_t dp = plan.dataParallel;
   plan.gradSlotOffsets.assign(plan.gradSlotElements.size(), -1);
   plan.weightSlotOffsets.assign(plan.weightSlotElements.size(), -1);
   // Weights: one buffer per stage (the full array) or ZeRO-3's slots.
   if (plan.zeroStage <= 2)
-    plan.paramsOffset = place(plan.paramElements * 4);
+    plan.paramsOffset = arena.place(plan.paramElements * 4);
   else
     for (auto [offset, elements] :
          llvm::zip(plan.weightSlotOffsets, plan.weightSlotElements))
-      offset = place(elements * 4);
+      offset = arena.place(elements * 4);
   // Gradients: one buffer per stage (ZeRO-1) or slots (reduced in place).
   if (plan.zeroStage == 1)
-    plan.gradsOffset = place(plan.paramElements * 4);
+    plan.gradsOffset = arena.place(plan.paramElements * 4);
   else
     for (auto [offset, elements] :
          llvm::zip(plan.gradSlotOffsets, plan.gradSlotElements))
-      offset = place(elements * 4);
+      offset = arena.place(elements * 4);
   for (int64_t *region : {&plan.masterOffset, &plan.adamMOffset,
                           &plan.adamVOffset, &plan.gradShardOffset})
-    *region = place(plan.paramElements / dp * 4);
+    *region = arena.place(plan.paramElements / dp * 4);
   if (plan.frozenElements)
-    plan.frozenOffset = place(plan.frozenElements * 4);
+    plan.frozenOffset = arena.place(plan.frozenElements * 4);
+}
 
-  // Where each parameter read and gradient accumulation points.
+/// Where `op`'s read of parameter `name` (or, with `grad`, its gradient
+/// accumulation) points: into the full arrays, a slot, or the frozen array.
+static std::optional<int64_t> parameterAddress(const MemoryPlan &plan,
+                                               SymbolTable &symbols,
+                                               Operation *op, StringRef name,
+                                               int64_t slot, bool grad) {
+  auto param = symbols.lookup<ParameterOp>(name);
+  auto offset = param ? param->getAttrOfType<IntegerAttr>(kParamOffsetAttr)
+                      : IntegerAttr();
+  if (!offset) {
+    op->emitOpError("reads a parameter without a planned offset; run "
+                    "fastllm-zero-layout");
+    return std::nullopt;
+  }
+  if (param.getTensorType().getNumElements() == 0)
+    return 0; // an empty tensor: its pointer is never read
+  if (param.getFrozen()) {
+    if (grad) {
+      op->emitOpError("accumulates the gradient of a frozen parameter");
+      return std::nullopt;
+    }
+    return plan.frozenOffset + offset.getInt() * 4;
+  }
+  int64_t stage = parameterStage(param);
+  int64_t inStage = (offset.getInt() - plan.stageOffsets[stage]) * 4;
+  bool full = grad ? plan.zeroStage == 1 : plan.zeroStage <= 2;
+  if (full)
+    return (grad ? plan.gradsOffset : plan.paramsOffset) + offset.getInt() * 4;
+  ArrayRef<int64_t> slots =
+      grad ? plan.gradSlotOffsets : plan.weightSlotOffsets;
+  if (slot < 0 || slot >= int64_t(slots.size())) {
+    op->emitOpError("has no valid ")
+        << (grad ? "gradient" : "weight") << " slot; run fastllm-zero-layout";
+    return std::nullopt;
+  }
+  return slots[slot] + inStage;
+}
+
+/// Points each parameter read and gradient accumulation of the step at its
+/// address.
+static LogicalResult addressParameters(ModuleOp module, func::FuncOp step,
+                                       const MemoryPlan &plan) {
+  Builder b(module.getContext());
   SymbolTable symbols(module);
-  auto paramAddress = [&](Operation *op, StringRef name, int64_t slot,
-                          bool grad) -> std::optional<int64_t> {
-    auto param = symbols.lookup<ParameterOp>(name);
-    auto offset = param ? param->getAttrOfType<IntegerAttr>(kParamOffsetAttr)
-                        : IntegerAttr();
-    if (!offset) {
-      op->emitOpError("reads a parameter without a planned offset; run "
-                      "fastllm-zero-layout");
-      return std::nullopt;
-    }
-    if (param.getTensorType().getNumElements() == 0)
-      return 0; // an empty tensor: its pointer is never read
-    if (param.getFrozen()) {
-      if (grad) {
-        op->emitOpError("accumulates the gradient of a frozen parameter");
-        return std::nullopt;
-      }
-      return plan.frozenOffset + offset.getInt() * 4;
-    }
-    int64_t stage = parameterStage(param);
-    int64_t inStage = (offset.getInt() - plan.stageOffsets[stage]) * 4;
-    bool full = grad ? plan.zeroStage == 1 : plan.zeroStage <= 2;
-    if (full)
-      return (grad ? plan.gradsOffset : plan.paramsOffset) + offset.getInt() * 4;
-    ArrayRef<int64_t> slots = grad ? plan.gradSlotOffsets : plan.weightSlotOffsets;
-    if (slot < 0 || slot >= int64_t(slots.size())) {
-      op->emitOpError("has no valid ") << (grad ? "gradient" : "weight")
-                                       << " slot; run fastllm-zero-layout";
-      return std::nullopt;
-    }
-    return slots[slot] + inStage;
-  };
   for (Operation &op : step.getBody().front()) {
     std::optional<int64_t> address;
     if (auto get = dyn_cast<GetParameterOp>(op)) {
-      if (!(address = paramAddress(&op, get.getName(), slotOf(&op), false)))
-        return signalPassFailure();
+      if (!(address = parameterAddress(plan, symbols, &op, get.getName(),
+                                       slotOf(&op), false)))
+        return failure();
       op.setAttr(kResultOffsetsAttr, b.getDenseI64ArrayAttr({*address}));
     } else if (isa<AccumulateGradOp, MatmulAccumulateGradOp>(op)) {
       auto name = op.getAttrOfType<FlatSymbolRefAttr>("name").getValue();
-      if (!(address = paramAddress(&op, name, slotOf(&op), true)))
-        return signalPassFailure();
+      if (!(address =
+                parameterAddress(plan, symbols, &op, name, slotOf(&op), true)))
+        return failure();
       op.setAttr(kGradOffsetAttr, b.getI64IntegerAttr(*address));
     }
   }
+  return success();
+}
 
-  // Inputs: the first two integer arguments are the tokens and the targets.
+/// The token and target inputs: the step's two integer arguments.
+static LogicalResult placeInputs(func::FuncOp step, MemoryPlan &plan,
+                                 Arena &arena) {
   SmallVector<int64_t> intArgs;
   for (BlockArgument arg : step.getArguments()) {
     auto t = dyn_cast<RankedTensorType>(arg.getType());
     if (t && isa<IntegerType>(t.getElementType()))
       intArgs.push_back(arg.getArgNumber());
   }
-  if (intArgs.size() != 2 || step.getNumArguments() != 2) {
-    step.emitError("the training step must take exactly two integer inputs "
-                   "(tokens and targets), got ")
-        << step.getFunctionType().getInputs();
-    return signalPassFailure();
-  }
+  if (intArgs.size() != 2 || step.getNumArguments() != 2)
+    return step.emitError("the training step must take exactly two integer "
+                          "inputs (tokens and targets), got ")
+           << step.getFunctionType().getInputs();
   plan.tokensArg = intArgs[0];
   plan.targetsArg = intArgs[1];
-  plan.tokensOffset = cursor;
-  cursor += align(bytesOf(step.getArgument(plan.tokensArg).getType()));
-  plan.targetsOffset = cursor;
-  cursor += align(bytesOf(step.getArgument(plan.targetsArg).getType()));
-  plan.activationsOffset = cursor;
+  plan.tokensOffset =
+      arena.place(bytesOf(step.getArgument(plan.tokensArg).getType()));
+  plan.targetsOffset =
+      arena.place(bytesOf(step.getArgument(plan.targetsArg).getType()));
+  return success();
+}
 
-  // Liveness of every buffer an op defines; reshapes extend their source's.
+/// The activations, after the fixed regions: liveness of every buffer an op
+/// defines (views extend their source's), placed greedily; each op's results
+/// get their offsets.
+static void placeActivations(func::FuncOp step, MemoryPlan &plan,
+                             const Arena &arena) {
+  plan.activationsOffset = arena.cursor;
   Block &body = step.getBody().front();
   DenseMap<Operation *, int64_t> index;
   for (auto [i, op] : llvm::enumerate(body))
@@ -222,7 +232,8 @@ void PlanMemoryPass::runOnOperation() {
       if (!isa<RankedTensorType>(r.getType()))
         continue;
       bufferOf[r] = buffers.size();
-      buffers.push_back({r, align(bytesOf(r.getType())), index[&op], index[&op]});
+      buffers.push_back(
+          {r, arena.align(bytesOf(r.getType())), index[&op], index[&op]});
     }
   }
   for (Operation &op : body)
@@ -233,9 +244,10 @@ void PlanMemoryPass::runOnOperation() {
     }
   for (const Buffer &buf : buffers)
     plan.activationsUnsharedBytes += buf.bytes;
-  plan.activationsBytes = placeBuffers(buffers, alignment);
-  plan.arenaBytes = align(plan.activationsOffset + plan.activationsBytes);
+  plan.activationsBytes = placeBuffers(buffers, arena.alignment);
+  plan.arenaBytes = arena.align(plan.activationsOffset + plan.activationsBytes);
 
+  Builder b(step.getContext());
   for (Operation &op : body) {
     if (!llvm::any_of(op.getResultTypes(), llvm::IsaPred<RankedTensorType>) ||
         isa<ConstantOp, GetParameterOp, ViewLikeOpInterface>(op))
@@ -245,5 +257,36 @@ void PlanMemoryPass::runOnOperation() {
       offsets.push_back(plan.activationsOffset + buffers[bufferOf[r]].offset);
     op.setAttr(kResultOffsetsAttr, b.getDenseI64ArrayAttr(offsets));
   }
+}
+
+void PlanMemoryPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  auto step = module.lookupSymbol<func::FuncOp>("train_step");
+  if (!step) {
+    module.emitError(
+        "no func.func @train_step to plan; run fastllm-autodiff first");
+    return signalPassFailure();
+  }
+  std::optional<MemoryPlan> layout =
+      MemoryPlan::get(module, PlanParts(PlanPart::Layout));
+  if (!layout)
+    return signalPassFailure();
+  if (layout->arenaBytes) {
+    module.emitError("the module's memory is already planned");
+    return signalPassFailure();
+  }
+  MemoryPlan plan = std::move(*layout);
+  Arena arena{plan.alignment};
+  if (arena.alignment <= 0 || !llvm::isPowerOf2_64(arena.alignment)) {
+    module.emitError("the plan's alignment must be a positive power of two, "
+                     "got ")
+        << arena.alignment;
+    return signalPassFailure();
+  }
+  placeParameterRegions(plan, arena);
+  if (failed(addressParameters(module, step, plan)) ||
+      failed(placeInputs(step, plan, arena)))
+    return signalPassFailure();
+  placeActivations(step, plan, arena);
   plan.set(module, PlanPart::Arena);
 }
