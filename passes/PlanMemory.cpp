@@ -17,7 +17,6 @@
 #include "mlir/IR/Builders.h"
 #include "llvm/Support/MathExtras.h"
 
-
 namespace mlir::fastllm {
 #define GEN_PASS_DEF_PLANMEMORYPASS
 #include "passes/Passes.h.inc"
@@ -39,8 +38,7 @@ struct Buffer {
   int64_t offset = -1;
 };
 
-struct PlanMemoryPass
-    : fastllm::impl::PlanMemoryPassBase<PlanMemoryPass> {
+struct PlanMemoryPass : fastllm::impl::PlanMemoryPassBase<PlanMemoryPass> {
   using PlanMemoryPassBase::PlanMemoryPassBase;
   void runOnOperation() override;
 };
@@ -56,7 +54,8 @@ static int64_t placeBuffers(MutableArrayRef<Buffer> buffers, int64_t align) {
   SmallVector<Buffer *> order;
   for (Buffer &b : buffers)
     order.push_back(&b);
-  llvm::stable_sort(order, [](Buffer *a, Buffer *b) { return a->bytes > b->bytes; });
+  llvm::stable_sort(order,
+                    [](Buffer *a, Buffer *b) { return a->bytes > b->bytes; });
   SmallVector<Buffer *> placed;
   int64_t peak = 0;
   for (Buffer *buf : order) {

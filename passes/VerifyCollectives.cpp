@@ -1,7 +1,7 @@
 //===- VerifyCollectives.cpp - the step's collectives are consistent ------===//
 //
-// Proves, before any code is generated, what docs/DESIGN.md section 3 promises of
-// a step's communication, by running the step's ops in order over an
+// Proves, before any code is generated, what docs/DESIGN.md section 3 promises
+// of a step's communication, by running the step's ops in order over an
 // abstract state of the slots:
 //  - every rank issues the same collectives with the same sizes: the step is
 //    one straight-line block (no control flow, nothing depends on the rank)

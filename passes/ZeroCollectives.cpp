@@ -1,7 +1,8 @@
 //===- ZeroCollectives.cpp - the collectives of a ZeRO-2/3 step -----------===//
 //
 // Step 2 of the ZeRO pass: places the collectives of one micro-batch in
-// @train_step, from the slots fastllm-zero-layout chose (docs/DESIGN.md section 3):
+// @train_step, from the slots fastllm-zero-layout chose (docs/DESIGN.md section
+// 3):
 //
 //  forward (ZeRO-3)   before stage s runs, wait for the all-gather of its
 //                     weights (and of the tie slots it reads), then start the
