@@ -81,7 +81,7 @@ void mlir::fastllm::printModelSummary(ModuleOp module, llvm::raw_ostream &os) {
     printType(p.getType(), os);
     os << "\n";
   }
-  // The importer's parameter-identity decisions (frontend/OnnxImporter.cpp).
+  // The importer's parameter-identity decisions (frontend/FoldedWeights.cpp).
   bool header = false;
   for (auto p : module.getOps<model::ParameterOp>())
     if (auto from = p->getAttrOfType<StringAttr>("model.copied_from")) {

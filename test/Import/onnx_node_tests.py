@@ -92,7 +92,7 @@ DEFAULT_IMPORTER_H = os.path.join(ROOT, "frontend", "OnnxImporter.h")
 DEFAULT_TOOL = os.path.join(ROOT, "build", "bin", "fastllm-opt")
 
 # ONNX TensorProto data types -> the MLIR element type the importer uses
-# (convertOnnxElementType in frontend/OnnxImporter.cpp). Others are printed
+# (convertOnnxElementType in frontend/TensorProtos.cpp). Others are printed
 # by their ONNX name, so a test expecting one can never match.
 MLIR_ELEMENT_TYPE = {
     onnx.TensorProto.FLOAT: "f32",
@@ -108,17 +108,17 @@ MLIR_ELEMENT_TYPE = {
 # Importer error messages that make a test SKIP: (regex, reason). Each one is
 # a limitation the importer states on purpose (see the quoted source).
 SKIP_PATTERNS = [
-    # OnnxImporter.cpp checkVersions
+    # GraphImporter.cpp checkVersions
     (r"unsupported opset version (\d+) \(supported: (\d+) to (\d+)\)",
      "opset {0} outside {1}..{2}"),
     (r"unsupported ONNX IR version (\d+) \(supported: (\d+) to (\d+)\)",
      "ONNX IR version {0} outside {1}..{2} (opset {opset})"),
-    # OnnxImporter.cpp inputType: sequence and optional types
+    # GraphImporter.cpp inputType: sequence and optional types
     (r"graph input '[^']*' is not a tensor",
      "non-tensor (sequence/optional) input unsupported"),
-    # OnnxImporter.cpp tensorProtoType / inputType, Converters.cpp convertCast
+    # TensorProtos.cpp tensorProtoType, GraphImporter.cpp inputType, ConvertElementwise.cpp convertCast
     (r"unsupported element type (\w+)", "element type {0} unsupported"),
-    # Converters.cpp convertLoss, convertSlice
+    # ConvertLosses.cpp convertLoss, ConvertDataMovement.cpp convertSlice
     (r"class weights are not supported", "loss class weights unsupported"),
     (r"negative steps are only supported on values known at import time",
      "negative-step slice of a runtime tensor unsupported"),
