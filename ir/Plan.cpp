@@ -166,28 +166,29 @@ void MemoryPlan::readPart(PlanPart part, DictionaryAttr fields) {
   });
 }
 
+/// fn(tag) with tag a null pointer to the attribute class that holds `part`.
+template <typename Fn> static auto withPartAttr(PlanPart part, Fn fn) {
+  switch (part) {
+  case PlanPart::Layout:
+    return fn(static_cast<plan::LayoutAttr *>(nullptr));
+  case PlanPart::Arena:
+    return fn(static_cast<plan::ArenaAttr *>(nullptr));
+  case PlanPart::Traffic:
+    return fn(static_cast<plan::TrafficAttr *>(nullptr));
+  case PlanPart::Data:
+    return fn(static_cast<plan::DataAttr *>(nullptr));
+  }
+  llvm_unreachable("a plan part");
+}
+
 /// The fields of the typed attribute of `part` on `module`, if it is there.
 static DictionaryAttr partAttrFields(ModuleOp module, PlanPart part) {
   Attribute attr = module->getAttr(planPartAttrName(part));
-  switch (part) {
-  case PlanPart::Layout:
-    if (auto a = dyn_cast_or_null<plan::LayoutAttr>(attr))
-      return a.getFields();
-    break;
-  case PlanPart::Arena:
-    if (auto a = dyn_cast_or_null<plan::ArenaAttr>(attr))
-      return a.getFields();
-    break;
-  case PlanPart::Traffic:
-    if (auto a = dyn_cast_or_null<plan::TrafficAttr>(attr))
-      return a.getFields();
-    break;
-  case PlanPart::Data:
-    if (auto a = dyn_cast_or_null<plan::DataAttr>(attr))
-      return a.getFields();
-    break;
-  }
-  return nullptr;
+  return withPartAttr(part, [&](auto *tag) -> DictionaryAttr {
+    using Attr = std::remove_pointer_t<decltype(tag)>;
+    auto typed = dyn_cast_or_null<Attr>(attr);
+    return typed ? typed.getFields() : DictionaryAttr();
+  });
 }
 
 std::optional<MemoryPlan> MemoryPlan::get(ModuleOp module, PlanParts parts) {
@@ -222,22 +223,11 @@ std::optional<MemoryPlan> MemoryPlan::get(ModuleOp module, PlanParts parts) {
 void MemoryPlan::set(ModuleOp module, PlanPart part) const {
   MLIRContext *context = module.getContext();
   DictionaryAttr fields = partFields(part, context);
-  Attribute attr;
-  switch (part) {
-  case PlanPart::Layout:
-    attr = plan::LayoutAttr::get(context, fields);
-    break;
-  case PlanPart::Arena:
-    attr = plan::ArenaAttr::get(context, fields);
-    break;
-  case PlanPart::Traffic:
-    attr = plan::TrafficAttr::get(context, fields);
-    break;
-  case PlanPart::Data:
-    attr = plan::DataAttr::get(context, fields);
-    break;
-  }
-  module->setAttr(planPartAttrName(part), attr);
+  module->setAttr(planPartAttrName(part),
+                  withPartAttr(part, [&](auto *tag) -> Attribute {
+                    using Attr = std::remove_pointer_t<decltype(tag)>;
+                    return Attr::get(context, fields);
+                  }));
 }
 
 //===----------------------------------------------------------------------===//
