@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev libopenmpi-dev openmpi-bin
   libgtest-dev libomp-19-dev libboost-context-dev
   python3-torch python3-onnx python3-numpy libonnx-testdata
+  libcli11-dev nlohmann-json3-dev libsentencepiece-dev sentencepiece python3-matplotlib
 )
 
 missing=()
