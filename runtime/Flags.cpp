@@ -4,15 +4,23 @@
 
 #include "runtime/Plan.h"
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <iterator>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <utility>
 #include <vector>
@@ -248,9 +256,64 @@ const Flag kFlags[] = {
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
        return parseInt(f, v, 1, o.maxSkippedSteps);
      }},
+    {"log-every", "N", "10",
+     "print a progress line after every N-th step (and after step 1, the "
+     "last step and any skipped step); 10 keeps a long run's log readable "
+     "while the --metrics file keeps every step",
+     [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
+       return parseInt(f, v, 1, o.logEvery);
+     }},
+    {"peak-tflops", "F", "by device",
+     "the device's peak TFLOP/s that MFU divides by (see 'throughput' "
+     "below for the defaults)",
+     [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
+       return parseReal(f, v, 0, true, kInf, o.peakTflops);
+     }},
+    {"val-data", "FILE", "off",
+     "validation token file (headered, or raw like --data with "
+     "--data-dtype); its mean loss is printed and written as val_loss",
+     [](Options &o, const char *, const std::string &v, const PlanInfo &) {
+       o.valDataPath = v;
+       return Status();
+     }},
+    {"eval-every", "N", "the last step only",
+     "evaluate on --val-data after every N-th step (and after the last)",
+     [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
+       return parseInt(f, v, 1, o.evalEvery);
+     }},
+    {"eval-steps", "K", "10",
+     "global batches of --val-data per evaluation (each costs a training "
+     "step's compute: the step runs forward and backward, nothing is "
+     "updated)",
+     [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
+       return parseInt(f, v, 1, o.evalSteps);
+     }},
+    {"config", "FILE", "off",
+     "read flags from a run config file (format below); flags on the "
+     "command line override it",
+     [](Options &o, const char *, const std::string &v, const PlanInfo &) {
+       o.configPath = v;
+       return Status();
+     }},
     {"help", nullptr, nullptr, "print this help and the model's plan", nullptr},
 };
 
+/// The checks between flags, once every flag is read.
+Status checkDependencies(const Options &opts) {
+  if (opts.checkpointDir.empty() && opts.checkpointEvery)
+    return errorf("--checkpoint-every needs --checkpoint-dir DIR");
+  if (opts.checkpointDir.empty() && opts.resume)
+    return errorf("--resume needs --checkpoint-dir DIR");
+  if (!opts.checkpointDir.empty() && !opts.checkpointEvery && !opts.resume)
+    return errorf("--checkpoint-dir needs --checkpoint-every N or --resume");
+  if (opts.checkpointDir.empty() && opts.keepLast)
+    return errorf("--keep-last needs --checkpoint-dir DIR");
+  if (opts.valDataPath.empty() && opts.evalEvery)
+    return errorf("--eval-every needs --val-data FILE");
+  return Status();
+}
+
+/// The flag whose long name is `name`, or null.
 const Flag *findFlag(const std::string &name) {
   for (const Flag &f : kFlags)
     if (name == f.name)
@@ -263,6 +326,246 @@ std::string usageName(const Flag &f) {
   return f.metavar ? name + " " + f.metavar : name;
 }
 
+/// The edit distance between `a` and `b` counting a swap of two adjacent
+/// characters as one edit (optimal string alignment), so that `stpes` is one
+/// edit from `steps`.
+size_t editDistance(const std::string &a, const std::string &b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1,
+                                     std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i)
+    d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j)
+    d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] =
+          std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+/// "did you mean '--steps'?" for the known flag nearest to `name` (no
+/// dashes), when one is within a third of its length (at least 2 edits, so
+/// that short names still get a suggestion), or when `name` is a prefix of
+/// exactly one flag; else "".
+std::string suggestion(const std::string &name, const char *dashes = "--") {
+  const Flag *best = nullptr, *prefixOf = nullptr;
+  size_t bestDistance = SIZE_MAX, prefixes = 0;
+  for (const Flag &f : kFlags) {
+    size_t d = editDistance(name, f.name);
+    if (d < bestDistance)
+      best = &f, bestDistance = d;
+    if (!name.empty() && std::string(f.name).compare(0, name.size(), name) == 0)
+      prefixOf = &f, ++prefixes;
+  }
+  if (best && bestDistance <= std::max<size_t>(2, name.size() / 3))
+    return std::string("did you mean '") + dashes + best->name + "'?";
+  if (prefixes == 1)
+    return std::string("did you mean '") + dashes + prefixOf->name + "'?";
+  return "";
+}
+
+/// What an option holds when it was given without a value: CLI11 stores the
+/// option's default string, which no real value can be.
+const char kNoValue[] = "\x01(no value)";
+
+/// The raw text CLI11 collected for each flag of kFlags (empty vector: not
+/// given), and where the config file's values came from.
+struct Collected {
+  std::vector<std::vector<std::string>> values =
+      std::vector<std::vector<std::string>>(std::size(kFlags));
+  std::vector<CLI::Option *> options =
+      std::vector<CLI::Option *>(std::size(kFlags));
+  std::string configPath;
+  std::map<std::string, int> configLine; ///< key -> 1-based line
+};
+
+/// CLI11's TOML/INI reader, made strict: before CLI11 applies a config file,
+/// every line is checked, so that an unknown key, a section, a list or a key
+/// given twice is an error naming the file and line (CLI11 would ignore or
+/// merge them silently).
+class StrictConfig : public CLI::ConfigTOML {
+public:
+  explicit StrictConfig(Collected &out) : out(out) {}
+
+  std::vector<CLI::ConfigItem> from_config(std::istream &input) const override {
+    std::string text((std::istreambuf_iterator<char>(input)),
+                     std::istreambuf_iterator<char>());
+    std::vector<std::string> keys = checkLines(text);
+    std::istringstream again(text);
+    std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(again);
+    if (items.size() != keys.size())
+      throw CLI::ConfigError(where(0) + ": cannot be read as 'key = value' "
+                                        "lines");
+    for (size_t i = 0; i < items.size(); ++i) {
+      const CLI::ConfigItem &item = items[i];
+      int line = out.configLine.at(keys[i]);
+      if (!item.parents.empty() || item.name != keys[i])
+        throw CLI::ConfigError(where(line) + ": cannot read key '" + keys[i] +
+                               "'");
+      const Flag *flag = findFlag(keys[i]);
+      if (item.inputs.size() != 1 && flag->metavar)
+        throw CLI::ConfigError(
+            where(line) + ": '" + keys[i] +
+            "' takes one value (quote a value that holds spaces or commas)");
+    }
+    return items;
+  }
+
+private:
+  std::string where(int line) const {
+    std::string at = "config file '" + out.configPath + "'";
+    return line ? at + " line " + std::to_string(line) : at;
+  }
+
+  /// The keys of the `key = value` lines of `text` in order, recording the
+  /// line of each; throws CLI::ConfigError at the first line that is not a
+  /// comment, blank or `key = value` with a known, new key.
+  std::vector<std::string> checkLines(const std::string &text) const {
+    std::vector<std::string> keys;
+    std::istringstream in(text);
+    int number = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++number;
+      line = CLI::detail::trim_copy(line);
+      if (line.empty() || line[0] == '#' || line[0] == ';')
+        continue;
+      if (line[0] == '[')
+        throw CLI::ConfigError(where(number) + ": sections ('" + line +
+                               "') are not supported; write 'key = value' "
+                               "lines with the flags' long names");
+      size_t eq = line.find('=');
+      if (eq == std::string::npos)
+        throw CLI::ConfigError(where(number) +
+                               ": expected 'key = value', "
+                               "got '" +
+                               line + "'");
+      std::string key = CLI::detail::trim_copy(line.substr(0, eq));
+      CLI::detail::remove_quotes(key);
+      const Flag *flag = findFlag(key);
+      if (flag && (!flag->set || !std::strcmp(flag->name, "config")))
+        throw CLI::ConfigError(where(number) + ": '" + key +
+                               "' cannot be set in a config file");
+      if (!flag) {
+        std::string hint = suggestion(key, "");
+        throw CLI::ConfigError(
+            where(number) + ": unknown key '" + key + "' (" +
+            (hint.empty() ? "keys are the flags' long names, see --help"
+                          : hint) +
+            ")");
+      }
+      std::string value = CLI::detail::trim_copy(line.substr(eq + 1));
+      if (!value.empty() && value[0] == '[')
+        throw CLI::ConfigError(where(number) + ": '" + key +
+                               "' takes one value, not a list");
+      auto [it, fresh] = out.configLine.emplace(key, number);
+      if (!fresh)
+        throw CLI::ConfigError(where(number) + ": '" + key +
+                               "' was already set on line " +
+                               std::to_string(it->second));
+      keys.push_back(key);
+    }
+    return keys;
+  }
+
+  Collected &out;
+};
+
+/// --config FILE, the last one given, must be a regular file that can be
+/// read (CLI11 would block on a FIFO and read a device without end).
+Status checkConfigFile(int argc, const char *const *argv, std::string &path) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--config") && i + 1 < argc)
+      path = argv[i + 1];
+    else if (!std::strncmp(argv[i], "--config=", 9))
+      path = argv[i] + 9;
+  }
+  if (path.empty())
+    return Status();
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0)
+    return errorf("--config '%s': %s", path.c_str(), std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return errorf("--config '%s' is not a regular file", path.c_str());
+  if (st.st_size > (1 << 20))
+    return errorf("--config '%s' is %lld bytes; a run config file is at "
+                  "most 1 MiB",
+                  path.c_str(), (long long)st.st_size);
+  if (access(path.c_str(), R_OK) != 0)
+    return errorf("--config '%s': %s", path.c_str(), std::strerror(errno));
+  return Status();
+}
+
+/// The error for what CLI11 could not place: an unknown flag (with the
+/// nearest known one) or a stray argument.
+Status extraArgumentError(const std::string &arg) {
+  if (arg.compare(0, 2, "--") == 0 && arg.size() > 2) {
+    std::string name = arg.substr(2, arg.find('=') - 2);
+    std::string hint = suggestion(name);
+    return errorf("unknown flag '--%s' (%s)", name.c_str(),
+                  hint.empty() ? "see --help" : hint.c_str());
+  }
+  if (arg.size() > 1 && arg[0] == '-' && arg[1] != '-') {
+    std::string name = arg.substr(1, arg.find('=') - 1);
+    if (findFlag(name))
+      return errorf("unexpected argument '%s' (did you mean '--%s'?)",
+                    arg.c_str(), name.c_str());
+  }
+  return errorf("unexpected argument '%s'", arg.c_str());
+}
+
+/// Whether --name (or --name=...) is on the command line, where it overrides
+/// the config file.
+bool onCommandLine(int argc, const char *const *argv, const char *name) {
+  std::string flag = std::string("--") + name;
+  for (int i = 1; i < argc; ++i)
+    if (argv[i] == flag ||
+        !std::strncmp(argv[i], (flag + "=").c_str(), flag.size() + 1))
+      return true;
+  return false;
+}
+
+/// Runs CLI11 over the command line and the config file, collecting each
+/// flag's raw values.
+Status collect(int argc, const char *const *argv, Collected &out) {
+  if (Status s = checkConfigFile(argc, argv, out.configPath); !s.ok())
+    return s;
+  CLI::App app("train");
+  app.set_help_flag(); // --help was handled before
+  app.allow_extras(true);
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  // The last occurrence wins, as in most tools.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.config_formatter(std::make_shared<StrictConfig>(out));
+  app.set_config("--config");
+  for (size_t i = 0; i < std::size(kFlags); ++i) {
+    const Flag &f = kFlags[i];
+    if (!f.set || !std::strcmp(f.name, "config"))
+      continue;
+    std::string name = std::string("--") + f.name;
+    // A switch takes no value (CLI11 gives "true" for it alone); an option
+    // takes one, or none, which is an error below rather than a reason to
+    // take the next flag as its value.
+    out.options[i] = f.metavar ? app.add_option(name, out.values[i])
+                                     ->expected(0, 1)
+                                     ->allow_extra_args(false)
+                                     ->default_str(kNoValue)
+                               : app.add_flag(name, out.values[i]);
+    out.options[i]->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    return Status::error(e.what());
+  }
+  if (!app.remaining().empty())
+    return extraArgumentError(app.remaining().front());
+  return Status();
+}
+
 } // namespace
 
 Expected<Options> fastllm::rt::parseFlags(int argc, const char *const *argv,
@@ -273,52 +576,50 @@ Expected<Options> fastllm::rt::parseFlags(int argc, const char *const *argv,
       opts.help = true;
       return opts;
     }
-
-  std::vector<bool> seen(std::size(kFlags));
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.compare(0, 2, "--") != 0)
-      return errorf("unexpected argument '%s'", arg.c_str());
-    size_t eq = arg.find('=');
-    std::string name = arg.substr(2, eq == std::string::npos ? eq : eq - 2);
-    const Flag *flag = findFlag(name);
-    if (!flag)
-      return errorf("unknown flag '--%s' (see --help)", name.c_str());
-    std::string value;
-    if (!flag->metavar) {
-      if (eq != std::string::npos)
-        return errorf("--%s takes no value", flag->name);
-    } else if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-    } else if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) {
-      value = argv[++i];
-    } else {
-      return errorf("--%s needs a value (%s)", flag->name, flag->metavar);
-    }
-    if (flag->metavar && value.empty())
-      return errorf("--%s needs a non-empty value (%s)", flag->name,
-                    flag->metavar);
-    if (Status s = flag->set(opts, flag->name, value, plan); !s.ok())
-      return s;
-    seen[flag - kFlags] = true;
-  }
+  Collected got;
+  if (Status s = collect(argc, argv, got); !s.ok())
+    return s;
+  opts.configPath = got.configPath;
 
   std::string missing;
-  for (const Flag &f : kFlags)
-    if (!f.defaultText && f.set && !seen[&f - kFlags])
+  for (size_t i = 0; i < std::size(kFlags); ++i) {
+    const Flag &f = kFlags[i];
+    if (!got.options[i])
+      continue;
+    bool given = !got.values[i].empty();
+    if (given) {
+      const std::string &value = got.values[i].back();
+      // Where a bad value came from, when the config file gave it.
+      std::string from;
+      if (auto line = got.configLine.find(f.name);
+          line != got.configLine.end() && !onCommandLine(argc, argv, f.name))
+        from = " (config file '" + got.configPath + "' line " +
+               std::to_string(line->second) + ")";
+      Status s;
+      if (!f.metavar && value != "true" && value != "false")
+        s = errorf("--%s takes no value (or true or false), got '%s'", f.name,
+                   value.c_str());
+      else if (f.metavar && (value == kNoValue || value.empty()))
+        s = errorf("--%s needs a value (%s)", f.name, f.metavar);
+      else if (value != "false" || f.metavar)
+        s = f.set(opts, f.name, value, plan);
+      if (!s.ok())
+        return Status::error(s.message() + from);
+      given = f.metavar || value == "true";
+    }
+    if (!given && !f.defaultText)
       missing += (missing.empty() ? "" : ", ") + usageName(f);
+  }
   if (!missing.empty())
     return errorf("missing required flag%s %s",
                   missing.find(',') == std::string::npos ? "" : "s",
                   missing.c_str());
-  if (opts.checkpointDir.empty() && opts.checkpointEvery)
-    return errorf("--checkpoint-every needs --checkpoint-dir DIR");
-  if (opts.checkpointDir.empty() && opts.resume)
-    return errorf("--resume needs --checkpoint-dir DIR");
-  if (!opts.checkpointDir.empty() && !opts.checkpointEvery && !opts.resume)
-    return errorf("--checkpoint-dir needs --checkpoint-every N or --resume");
-  if (opts.checkpointDir.empty() && opts.keepLast)
-    return errorf("--keep-last needs --checkpoint-dir DIR");
+  if (Status s = checkDependencies(opts); !s.ok())
+    return s;
+  for (size_t i = 0; i < std::size(kFlags); ++i)
+    if (!std::strcmp(kFlags[i].name, "eval-steps") && !got.values[i].empty() &&
+        opts.valDataPath.empty())
+      return errorf("--eval-steps needs --val-data FILE");
   if (opts.weightsPath.empty())
     opts.weightsPath = defaultWeightsPath();
   return opts;
@@ -381,6 +682,43 @@ fails at once, naming the holder from DIR/train.lock.owner). At start rank 0
 removes temporaries (*.tmp-XXXXXX) that killed saves left. A fresh run is
 refused only where a complete checkpoint lies; --resume takes the newest
 complete one, or the initial weights when there is none (and says so).
+
+validation (--val-data FILE): after every --eval-every N-th step and after
+the last, the mean loss over --eval-steps K global batches of FILE, drawn
+like training batches (same --sampler and --seed, G = dp * batch * accum
+samples each) at validation steps 0..K-1: the same batches at every
+evaluation, whatever the training position. The step function runs forward
+and backward (there is no forward-only step); nothing it leaves behind
+reaches training (gradients are zeroed before the next step, no optimizer
+update, no change to the weights), so a run with evaluation trains exactly
+like one without. Dropout stays active, with masks keyed by validation step
+-1-k, the same at every evaluation. Printed as "eval" lines; val_loss in the
+metrics line of the step it follows.
+
+throughput: each metrics line has tokens (consumed so far, all ranks),
+tokens_per_s, flops_per_step (the model's FLOPs for the global batch, from
+the plan: 2*M*N*K per matmul of the forward and backward, attention's
+products over its causal triangle, nothing else), model_tflops (per rank) and
+mfu = model_tflops / --peak-tflops. The default peak: on CUDA the GPU's dense
+peak for the step's precisions (H100 SXM and H200: 989.4 bf16, 66.9 fp32;
+H100 PCIe: 756 bf16, 51.2 fp32; A100: 312 bf16, 19.5 fp32 TFLOP/s; fp32
+matmuls run in full fp32, not TF32), weighted by the FLOPs of each
+precision; on other GPUs and on the CPU MFU is omitted unless --peak-tflops
+is given. Memory: arena_bytes (planned), and rss_peak_bytes (the process's
+peak resident set, CPU) or device_mem_bytes (the GPU's memory in use, CUDA);
+time: an ISO 8601 UTC timestamp in the metrics, wall-clock in the log.
+
+config file (--config FILE): one flag per line as `key = value`, the key a
+flag's long name without the dashes, the value as on the command line
+(quote one with spaces: path = "my data.bin"); a switch takes true or false;
+`#` starts a comment. An unknown key, a key given twice, a list or a
+[section] is an error naming the line. Flags on the command line override
+the file. For example:
+  data = train.bin
+  steps = 1000
+  lr = 3e-4
+  lr-schedule = cosine
+  resume = false
 
 signals: SIGTERM, SIGINT or SIGUSR1 on any rank stops the job after the
 current step, the same step on every rank (agreed through the gradient-norm

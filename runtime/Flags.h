@@ -1,6 +1,7 @@
 //===- Flags.h - the training binary's command line -------------*- C++ -*-===//
 //
-// The flags of `run/train` (docs/DESIGN.md section 4). They are checked
+// The flags of `run/train` (docs/DESIGN.md section 4), read by CLI11 from the
+// command line and from a run config file (--config). They are checked
 // completely before anything is read or written, so a typo costs an error
 // message, not a half-started run.
 //
@@ -45,7 +46,17 @@ struct Options {
   /// Consecutive steps with a non-finite gradient norm (each skipped) after
   /// which the run stops with an error.
   int64_t maxSkippedSteps = 5;
-  bool help = false; ///< --help was given; nothing else was checked
+  std::string configPath; ///< --config FILE; empty: none
+  /// A progress line every N steps (step 1, the last step and skipped steps
+  /// are always printed; the metrics file has every step).
+  int64_t logEvery = 10;
+  /// The peak TFLOP/s MFU is measured against; 0: the device's default
+  /// (peakTflops() in runtime/Train.h), which may be unknown.
+  double peakTflops = 0;
+  std::string valDataPath; ///< --val-data; empty: no validation
+  int64_t evalEvery = 0;   ///< evaluate after every N-th step; 0: last only
+  int64_t evalSteps = 10;  ///< global batches of validation per evaluation
+  bool help = false;       ///< --help was given; nothing else was checked
 };
 
 /// Parses `argv[1..argc)` for the model described by `plan`, which names the

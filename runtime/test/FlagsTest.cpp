@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "FakeModel.h"
+#include "TestUtil.h"
 
 #include "runtime/Flags.h"
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 using namespace fastllm::rt;
+using namespace fastllm::rt::test;
 
 namespace {
 
@@ -194,16 +196,27 @@ TEST(Flags, RejectsUnknownEnumValues) {
 
 TEST(Flags, RejectsMalformedCommandLines) {
   EXPECT_EQ(parseError({"--stpes", "3"}),
-            "unknown flag '--stpes' (see --help)");
+            "unknown flag '--stpes' (did you mean '--steps'?)");
+  EXPECT_EQ(parseError({"--frobnicate"}),
+            "unknown flag '--frobnicate' (see --help)");
+  EXPECT_EQ(
+      parseError({"--chekpoint-dir=ck"}),
+      "unknown flag '--chekpoint-dir' (did you mean '--checkpoint-dir'?)");
+  EXPECT_EQ(parseError({"--warmup", "3"}),
+            "unknown flag '--warmup' (did you mean '--warmup-steps'?)");
   EXPECT_EQ(parseError({"extra.bin"}), "unexpected argument 'extra.bin'");
-  EXPECT_EQ(parseError({"-lr", "1"}), "unexpected argument '-lr'");
+  EXPECT_EQ(parseError({"--seed", "1", "2"}), "unexpected argument '2'");
+  EXPECT_EQ(parseError({"-lr", "1"}),
+            "unexpected argument '-lr' (did you mean '--lr'?)");
   EXPECT_EQ(parseError({"--metrics"}), "--metrics needs a value (FILE)");
+  // A flag is never taken for the value of the one before it.
   EXPECT_EQ(parseError({"--metrics", "--seed", "1"}),
             "--metrics needs a value (FILE)");
-  EXPECT_EQ(parseError({"--metrics="}),
-            "--metrics needs a non-empty value (FILE)");
+  EXPECT_EQ(parseError({"--metrics="}), "--metrics needs a value (FILE)");
   EXPECT_EQ(parseError({"--allow-nonfinite=yes"}),
-            "--allow-nonfinite takes no value");
+            "--allow-nonfinite takes no value (or true or false), got 'yes'");
+  EXPECT_FALSE(parseOk({"--allow-nonfinite=false"}).allowNonfinite);
+  EXPECT_TRUE(parseOk({"--allow-nonfinite=true"}).allowNonfinite);
 }
 
 TEST(Flags, ListsMissingRequiredFlags) {
@@ -223,6 +236,158 @@ TEST(Flags, InputNamesMustMatchTheCompiledModel) {
                    "input 'labels'");
   EXPECT_NE(parseError({"--input-targets=input_ids"}).find("'labels'"),
             std::string::npos);
+}
+
+TEST(Flags, TrainingLoopFlags) {
+  Options d = parseOk({});
+  EXPECT_EQ(d.logEvery, 10);
+  EXPECT_EQ(d.peakTflops, 0);
+  EXPECT_EQ(d.valDataPath, "");
+  EXPECT_EQ(d.evalEvery, 0);
+  EXPECT_EQ(d.evalSteps, 10);
+  EXPECT_EQ(d.configPath, "");
+  Options o = parseOk({"--log-every=1", "--peak-tflops", "989.5", "--val-data",
+                       "v.bin", "--eval-every", "4", "--eval-steps=2"});
+  EXPECT_EQ(o.logEvery, 1);
+  EXPECT_EQ(o.peakTflops, 989.5);
+  EXPECT_EQ(o.valDataPath, "v.bin");
+  EXPECT_EQ(o.evalEvery, 4);
+  EXPECT_EQ(o.evalSteps, 2);
+  EXPECT_EQ(parseError({"--log-every", "0"}),
+            "--log-every must be at least 1, got 0");
+  EXPECT_EQ(parseError({"--peak-tflops", "0"}),
+            "--peak-tflops must be > 0, got 0");
+  EXPECT_EQ(parseError({"--eval-every", "5"}),
+            "--eval-every needs --val-data FILE");
+  EXPECT_EQ(parseError({"--eval-steps", "5"}),
+            "--eval-steps needs --val-data FILE");
+  EXPECT_EQ(parseError({"--val-data=v", "--eval-steps", "0"}),
+            "--eval-steps must be at least 1, got 0");
+  EXPECT_EQ(parseError({"--val-data=v", "--eval-every", "1.5"}),
+            "--eval-every expects an integer, got '1.5'");
+}
+
+/// Parses `args` after writing `text` to a config file that --config names
+/// first; returns the options or the error.
+Expected<Options> parseWithConfig(const TempDir &dir, const std::string &text,
+                                  std::vector<const char *> args = {}) {
+  static std::string path;
+  path = dir.file("run.toml");
+  writeBytes(path, text);
+  args.insert(args.begin(), {"--config", path.c_str()});
+  return parse(args);
+}
+
+TEST(Flags, AConfigFileEqualsItsFlags) {
+  TempDir dir;
+  Expected<Options> file = parseWithConfig(dir, R"(# a run
+data = "my data.bin"
+steps = 20
+lr=3e-4   # peak
+lr-schedule = cosine
+warmup-steps = 2
+seed = 7
+sampler = sequential
+allow-nonfinite = true
+resume = false
+metrics = 'm.jsonl'
+)");
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  Expected<Options> flags = parse(
+      {"--data", "my data.bin", "--steps", "20", "--lr", "3e-4",
+       "--lr-schedule", "cosine", "--warmup-steps", "2", "--seed", "7",
+       "--sampler", "sequential", "--allow-nonfinite", "--metrics", "m.jsonl"});
+  ASSERT_TRUE(flags.ok()) << flags.status().message();
+  EXPECT_EQ(file->dataPath, flags->dataPath);
+  EXPECT_EQ(file->steps, flags->steps);
+  EXPECT_EQ(file->lr, flags->lr);
+  EXPECT_EQ(file->lrSchedule, flags->lrSchedule);
+  EXPECT_EQ(file->warmupSteps, flags->warmupSteps);
+  EXPECT_EQ(file->seed, flags->seed);
+  EXPECT_EQ(file->sampler, flags->sampler);
+  EXPECT_EQ(file->allowNonfinite, flags->allowNonfinite);
+  EXPECT_FALSE(file->resume);
+  EXPECT_EQ(file->metricsPath, flags->metricsPath);
+  EXPECT_EQ(file->configPath, dir.file("run.toml"));
+}
+
+TEST(Flags, TheCommandLineOverridesTheConfigFile) {
+  TempDir dir;
+  Expected<Options> o =
+      parseWithConfig(dir, "data = a.bin\nsteps = 20\nlr = 0.1\nseed = 3\n",
+                      {"--steps", "5", "--seed=4"});
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->dataPath, "a.bin");
+  EXPECT_EQ(o->steps, 5);
+  EXPECT_EQ(o->lr, 0.1);
+  EXPECT_EQ(o->seed, 4u);
+  // A bad value in the file that the command line overrides is not read.
+  o = parseWithConfig(dir, "data = a\nsteps = many\nlr = 1\n", {"--steps=2"});
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  // A switch set in the file can be turned off on the command line.
+  o = parseWithConfig(dir,
+                      "data = a\nsteps = 1\nlr = 1\nallow-nonfinite = true",
+                      {"--allow-nonfinite=false"});
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_FALSE(o->allowNonfinite);
+}
+
+TEST(Flags, AConfigFileIsCheckedLineByLine) {
+  TempDir dir;
+  const std::string at = "config file '" + dir.file("run.toml") + "' line ";
+  auto error = [&](const std::string &text) {
+    Expected<Options> o = parseWithConfig(dir, text, {"--data", "d"});
+    EXPECT_FALSE(o.ok()) << text;
+    return o.ok() ? "" : o.status().message();
+  };
+  EXPECT_EQ(error("steps = 1\n\nstpes = 3\n"),
+            at + "3: unknown key 'stpes' (did you mean 'steps'?)");
+  EXPECT_EQ(error("frobnicate = 1\n"),
+            at + "1: unknown key 'frobnicate' (keys are the flags' long "
+                 "names, see --help)");
+  EXPECT_EQ(error("--steps = 1\n"),
+            at + "1: unknown key '--steps' (did you mean 'steps'?)");
+  EXPECT_EQ(error("steps = 1\nlr = 1\nsteps = 2\n"),
+            at + "3: 'steps' was already set on line 1");
+  EXPECT_EQ(error("steps = 1\nsteps = 2\n"),
+            at + "2: 'steps' was already set on line 1");
+  EXPECT_EQ(error("[run]\nsteps = 1\n"),
+            at + "1: sections ('[run]') are not supported; write 'key = "
+                 "value' lines with the flags' long names");
+  EXPECT_EQ(error("steps = [1, 2]\n"),
+            at + "1: 'steps' takes one value, not a list");
+  EXPECT_EQ(error("lr = 1\nmetrics = a b\n"),
+            at + "2: 'metrics' takes one value (quote a value that holds "
+                 "spaces or commas)");
+  EXPECT_EQ(error("steps\n"), at + "1: expected 'key = value', got 'steps'");
+  EXPECT_EQ(error("config = other.toml\n"),
+            at + "1: 'config' cannot be set in a config file");
+  EXPECT_EQ(error("help = true\n"),
+            at + "1: 'help' cannot be set in a config file");
+  // Values are checked as on the command line, and say where they were.
+  EXPECT_EQ(error("lr = 1\n\nsteps = 1e3\n"),
+            "--steps expects an integer, got '1e3' (" + at + "3)");
+  EXPECT_EQ(error("lr = 1\nsteps = 1\nmetrics =\n"),
+            "--metrics needs a value (FILE) (" + at + "3)");
+  EXPECT_EQ(error("lr = 1\nsteps = 1\nresume = yes\n"),
+            "--resume takes no value (or true or false), got 'yes' (" + at +
+                "3)");
+  EXPECT_EQ(error("lr = 1\nsteps = 1\nresume = true\n"),
+            "--resume needs --checkpoint-dir DIR");
+  EXPECT_EQ(error("lr = 1\n"), "missing required flag --steps N");
+
+  Expected<Options> missing = parse({"--config", "/nonexistent/run.toml"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().message(),
+            "--config '/nonexistent/run.toml': No such file or directory");
+  Expected<Options> folder = parse({"--config", dir.path().c_str()});
+  ASSERT_FALSE(folder.ok());
+  EXPECT_EQ(folder.status().message(),
+            "--config '" + dir.path() + "' is not a regular file");
+  Expected<Options> device = parse({"--config=/dev/null"});
+  ASSERT_FALSE(device.ok());
+  EXPECT_EQ(device.status().message(),
+            "--config '/dev/null' is not a regular file");
 }
 
 TEST(Flags, HelpNeedsNothingElse) {
@@ -259,11 +424,18 @@ TEST(Flags, HelpListsEveryFlagAndThePlan) {
                            "--checkpoint-every N",
                            "--resume",
                            "--collective-timeout S",
+                           "--log-every N",
+                           "--peak-tflops F",
+                           "--val-data FILE",
+                           "--eval-every N",
+                           "--eval-steps K",
+                           "--config FILE",
                            "--help"})
     EXPECT_NE(text.find(flag), std::string::npos) << flag;
   for (const char *fact :
        {"[0.95]", "[1e-8]", "[random]", "[required]", "batch 2 x seq 3",
-        "132 parameters in 3 tensors (68 trainable)", "cos(pi"})
+        "132 parameters in 3 tensors (68 trainable)", "cos(pi",
+        "config file (--config FILE)", "H100 SXM", "2*M*N*K"})
     EXPECT_NE(text.find(fact), std::string::npos) << fact << "\n" << text;
 }
 
