@@ -47,6 +47,8 @@ config.substitutions.append(
 #   cuda-emulation  the emulated CUDA libraries (runtime/cuda/emu) were built
 #   gpu             a real GPU: `nvidia-smi -L` lists one
 #   onnx-testdata   ONNX's node tests (Debian's libonnx-testdata) are installed
+#   sentencepiece-tools  spm_train, spm_encode and spm_export_vocab (Debian's
+#                   sentencepiece) are on the tests' PATH
 def run_ok(argv, timeout):
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
@@ -88,6 +90,9 @@ probes["cuda-emulation"] = all(
 gpus = run_ok(["nvidia-smi", "-L"], timeout=60)
 probes["gpu"] = bool(gpus) and gpus.returncode == 0 and any(
     line.startswith("GPU ") for line in gpus.stdout.splitlines())
+probes["sentencepiece-tools"] = all(
+    shutil.which(tool, path=config.environment["PATH"])
+    for tool in ("spm_train", "spm_encode", "spm_export_vocab"))
 probes["onnx-testdata"] = os.path.isdir("/usr/share/libonnx-testdata/data/node")
 for feature, found in probes.items():
     if found:

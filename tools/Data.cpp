@@ -1,39 +1,70 @@
 //===- Data.cpp - `fastllm-opt data`: text in, token file out ------------===//
 //
+// The fastllm-data executable, which `fastllm-opt data` runs: a process of
+// its own because libsentencepiece carries its own copy of protobuf 3.14,
+// which cannot share a process with the system's protobuf that fastllm-opt's
+// ONNX importer links (the library's version check aborts at load).
+//
 // Turns text into the token file the training binary reads
 // (runtime/TokenFileFormat.h: a header, then the ids). Documents are whole
 // files, or the string field of each line of JSON Lines files; each is
-// encoded, and with --end-of-document followed by the id 256. The tokenizer
-// is byte-level: ids 0-255 are the bytes (vocabulary 256, or 257 with the
-// end-of-document id).
+// encoded, and with --end-of-document followed by an end-of-document id.
+//
+// Two tokenizers:
+//  - bytes: ids 0-255 are the bytes (vocabulary 256, or 257 with the
+//    end-of-document id 256);
+//  - sentencepiece (Debian's libsentencepiece): a given .model, or one
+//    trained here on the input text first. A document is encoded line by
+//    line, as spm_encode does (a line's ids are `spm_encode
+//    --output_format=id`'s for it; the newlines themselves get no id); a
+//    line longer than kEncodeChunkBytes is encoded in pieces cut after a
+//    space (or at a character boundary), which bounds the encoder's memory.
+//    The vocabulary is the model's piece count and the end of document its
+//    EOS id.
+// Ids are u16 when the vocabulary fits (at most 65536), else u32.
 // `--val-fraction F` sends the last F of the token stream to a second file.
 //
-// Inputs are read twice (once to count, once to write, so the header is
-// known before the first id and memory stays bounded by one line); outputs
-// go through OutputFile (whole or not at all) and an existing file is
-// replaced only with --overwrite.
+// Inputs are read and encoded twice (once to count, once to write, so the
+// header is known before the first id and memory stays bounded by one
+// chunk); outputs go through OutputFile (whole or not at all) and an
+// existing file is replaced only with --overwrite.
 //
 //===----------------------------------------------------------------------===//
-
-#include "tools/Compile.h"
 
 #include "runtime/OutputFile.h"
 #include "runtime/TokenFileFormat.h"
 
+#include "llvm/ADT/STLFunctionalExtras.h"
+#include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
+#include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/LineIterator.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/WithColor.h"
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
 
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
+
+// Exported by libsentencepiece (spm_train's --minloglevel sets it) but not
+// declared in its installed headers: 1 keeps the trainer's warnings and
+// drops its progress lines.
+namespace sentencepiece::logging {
+void SetMinLogLevel(int level);
+} // namespace sentencepiece::logging
 
 using namespace llvm;
 
@@ -43,15 +74,22 @@ raw_ostream &dataError() {
   return WithColor::error(errs(), "fastllm-opt data");
 }
 
-/// The byte-level tokenizer: a byte is its own id; kEndOfDocument follows
-/// every document when asked for.
-constexpr uint16_t kEndOfDocument = 256;
+/// The byte-level tokenizer's end of document.
+constexpr uint32_t kByteEndOfDocument = 256;
+/// The longest piece of a line given to SentencePiece's encoder at once.
+constexpr size_t kEncodeChunkBytes = 64 * 1024;
+/// The longest training sentence: the library's default max_sentence_length
+/// (it drops longer ones); longer lines are cut into pieces this long.
+constexpr size_t kTrainSentenceBytes = 4192;
+/// Ids are u16 up to this vocabulary, u32 above.
+constexpr uint64_t kU16Vocabulary = 65536;
 
 /// Calls `document` with each document of `path`: the whole file, or with a
 /// JSONL field, that field of every non-empty line. Reports and fails on a
-/// file that cannot be read or a line without a string field.
+/// file that cannot be read, a line without a string field, or a false
+/// return from `document` (which reported why).
 bool forEachDocument(StringRef path, StringRef jsonlField,
-                     const std::function<void(StringRef)> &document) {
+                     function_ref<bool(StringRef)> document) {
   ErrorOr<std::unique_ptr<MemoryBuffer>> buffer =
       MemoryBuffer::getFile(path, /*IsText=*/false,
                             /*RequiresNullTerminator=*/false);
@@ -60,10 +98,8 @@ bool forEachDocument(StringRef path, StringRef jsonlField,
                 << "': " << buffer.getError().message() << "\n";
     return false;
   }
-  if (jsonlField.empty()) {
-    document((*buffer)->getBuffer());
-    return true;
-  }
+  if (jsonlField.empty())
+    return document((*buffer)->getBuffer());
   for (line_iterator line(**buffer, /*SkipBlanks=*/true); !line.is_at_eof();
        ++line) {
     Expected<json::Value> value = json::parse(*line);
@@ -80,35 +116,272 @@ bool forEachDocument(StringRef path, StringRef jsonlField,
                   << jsonlField << "'\n";
       return false;
     }
-    document(*text);
+    if (!document(*text))
+      return false;
   }
   return true;
 }
 
-/// Appends the ids of one document: its bytes, then the end of document
-/// when `endOfDocument`.
-void encodeBytes(StringRef text, bool endOfDocument,
-                 std::vector<uint16_t> &ids) {
-  for (unsigned char c : text)
-    ids.push_back(c);
-  if (endOfDocument)
-    ids.push_back(kEndOfDocument);
+/// Where to cut `text` (longer than `limit`) so the first part is at most
+/// `limit` bytes: after its last space, else at a UTF-8 character boundary.
+size_t cutPoint(StringRef text, size_t limit) {
+  size_t space = text.substr(0, limit).rfind(' ');
+  if (space != StringRef::npos)
+    return space + 1;
+  size_t cut = limit;
+  while (cut > 0 && (uint8_t(text[cut]) & 0xC0) == 0x80)
+    --cut;
+  return cut > 0 ? cut : limit;
+}
+
+/// Calls `piece` with each line of `text` (without its newline), lines
+/// longer than `limit` cut into pieces (cutPoint()); stops at a false return.
+bool forEachLinePiece(StringRef text, size_t limit,
+                      function_ref<bool(StringRef)> piece) {
+  while (!text.empty()) {
+    auto [line, rest] = text.split('\n');
+    text = rest;
+    while (line.size() > limit) {
+      size_t cut = cutPoint(line, limit);
+      if (!piece(line.substr(0, cut)))
+        return false;
+      line = line.substr(cut);
+    }
+    if (!piece(line))
+      return false;
+  }
+  return true;
+}
+
+/// A tokenizer: byte-level, or a loaded SentencePiece model.
+class Encoder {
+public:
+  /// The byte-level tokenizer.
+  explicit Encoder(bool endOfDocument)
+      : vocab(endOfDocument ? 257 : 256),
+        eod(endOfDocument ? std::optional<uint32_t>(kByteEndOfDocument)
+                          : std::nullopt) {}
+
+  /// A SentencePiece model from its serialized bytes (`name` says where they
+  /// came from); reports and returns nothing when they are not a model, or
+  /// when `endOfDocument` is asked of a model without an EOS piece.
+  static std::optional<Encoder> sentencePiece(StringRef bytes, StringRef name,
+                                              bool endOfDocument) {
+    auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
+    sentencepiece::util::Status status = sp->LoadFromSerializedProto(
+        std::string_view(bytes.data(), bytes.size()));
+    if (!status.ok()) {
+      dataError() << "'" << name
+                  << "' is not a SentencePiece model: " << status.ToString()
+                  << "\n";
+      return std::nullopt;
+    }
+    Encoder e(false);
+    e.vocab = sp->GetPieceSize();
+    e.eod = std::nullopt;
+    if (endOfDocument) {
+      if (sp->eos_id() < 0) {
+        dataError() << "--end-of-document: the SentencePiece model '" << name
+                    << "' has no EOS piece (it was trained with eos_id=-1); "
+                       "use a model with one, or drop the flag\n";
+        return std::nullopt;
+      }
+      e.eod = uint32_t(sp->eos_id());
+    }
+    e.sp = std::move(sp);
+    return e;
+  }
+
+  /// Every id is below this.
+  uint64_t vocabulary() const { return vocab; }
+  /// The id width in bytes: 2 when the vocabulary fits in u16.
+  uint32_t bytesPerToken() const { return vocab <= kU16Vocabulary ? 2 : 4; }
+  bool isBytes() const { return !sp; }
+  std::optional<uint32_t> endOfDocument() const { return eod; }
+
+  /// Calls `sink` with the ids of `document`, a chunk at a time, the end of
+  /// document last when asked for. Reports and fails when the encoder or
+  /// `sink` (which reported why) fails.
+  bool encode(StringRef document, function_ref<bool(ArrayRef<uint32_t>)> sink) {
+    std::vector<uint32_t> ids;
+    bool ok = sp ? encodeLines(document, sink, ids)
+                 : encodeBytes(document, sink, ids);
+    if (!ok || !eod)
+      return ok;
+    return sink(ArrayRef<uint32_t>(*eod));
+  }
+
+private:
+  bool encodeBytes(StringRef text, function_ref<bool(ArrayRef<uint32_t>)> sink,
+                   std::vector<uint32_t> &ids) {
+    for (size_t at = 0; at < text.size(); at += kEncodeChunkBytes) {
+      StringRef chunk = text.substr(at, kEncodeChunkBytes);
+      ids.assign(chunk.bytes_begin(), chunk.bytes_end());
+      if (!sink(ids))
+        return false;
+    }
+    return true;
+  }
+
+  bool encodeLines(StringRef text, function_ref<bool(ArrayRef<uint32_t>)> sink,
+                   std::vector<uint32_t> &ids) {
+    std::vector<int> pieceIds;
+    return forEachLinePiece(text, kEncodeChunkBytes, [&](StringRef line) {
+      if (line.empty())
+        return true;
+      sentencepiece::util::Status status =
+          sp->Encode(std::string_view(line.data(), line.size()), &pieceIds);
+      if (!status.ok()) {
+        dataError() << "SentencePiece cannot encode a line: "
+                    << status.ToString() << "\n";
+        return false;
+      }
+      ids.assign(pieceIds.begin(), pieceIds.end());
+      return sink(ids);
+    });
+  }
+
+  uint64_t vocab;
+  std::optional<uint32_t> eod;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp;
+};
+
+/// The training sentences: the input's lines (cut to kTrainSentenceBytes),
+/// a uniform sample of at most `limit` of them when there are more (a fixed
+/// seed: the same inputs give the same model).
+class SentenceSample : public sentencepiece::SentenceIterator {
+public:
+  explicit SentenceSample(uint64_t limit) : limit(limit) {}
+
+  void add(StringRef line) {
+    if (line.empty())
+      return;
+    ++seen;
+    if (sentences.size() < limit) {
+      sentences.push_back(line.str());
+      return;
+    }
+    uint64_t j = random() % seen;
+    if (j < limit)
+      sentences[j] = line.str();
+  }
+  uint64_t linesSeen() const { return seen; }
+  size_t size() const { return sentences.size(); }
+
+  bool done() const override { return next >= sentences.size(); }
+  void Next() override { ++next; }
+  const std::string &value() const override { return sentences[next]; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+private:
+  uint64_t limit, seen = 0;
+  size_t next = 0;
+  std::vector<std::string> sentences;
+  std::mt19937_64 random{0x5eed};
+};
+
+/// What `--tokenizer sentencepiece` was given.
+struct SentencePieceFlags {
+  std::string model;       // --sp-model
+  int64_t trainVocab = 0;  // --sp-train-vocab-size (0: not training)
+  std::string modelOut;    // where the trained model goes
+  std::string modelType;   // --sp-model-type
+  uint64_t trainSentences; // --sp-train-sentences
+};
+
+/// Trains a SentencePiece model on the lines of `inputs`, writes it to
+/// `flags.modelOut` and returns its bytes; reports and returns nothing on
+/// failure (nothing is written then).
+std::optional<std::string> trainModel(ArrayRef<std::string> inputs,
+                                      StringRef jsonlField,
+                                      const SentencePieceFlags &flags) {
+  SentenceSample sample(flags.trainSentences);
+  for (const std::string &input : inputs)
+    if (!forEachDocument(input, jsonlField, [&](StringRef text) {
+          return forEachLinePiece(text, kTrainSentenceBytes, [&](StringRef s) {
+            sample.add(s);
+            return true;
+          });
+        }))
+      return std::nullopt;
+  if (sample.size() == 0) {
+    dataError() << "no text to train a SentencePiece model on (every input "
+                   "line is empty)\n";
+    return std::nullopt;
+  }
+  outs() << "training a SentencePiece " << flags.modelType << " model ("
+         << flags.trainVocab << " pieces) on " << sample.size() << " of "
+         << sample.linesSeen() << " lines\n";
+  outs().flush();
+  sentencepiece::logging::SetMinLogLevel(1);
+  std::string model;
+  sentencepiece::util::Status status =
+      sentencepiece::SentencePieceTrainer::Train(
+          {{"vocab_size", std::to_string(flags.trainVocab)},
+           {"model_type", flags.modelType},
+           {"max_sentence_length", std::to_string(kTrainSentenceBytes)}},
+          &sample, &model);
+  if (!status.ok()) {
+    dataError() << "cannot train a SentencePiece model with "
+                << flags.trainVocab
+                << " pieces on this text: " << status.ToString() << "\n";
+    return std::nullopt;
+  }
+  if (std::string why =
+          ::fastllm::rt::writeFileAtomically(flags.modelOut, model);
+      !why.empty()) {
+    dataError() << why << "\n";
+    return std::nullopt;
+  }
+  outs() << "wrote '" << flags.modelOut << "': the SentencePiece model\n";
+  return model;
+}
+
+/// The tokenizer the flags ask for: bytes, a model read from --sp-model, or
+/// one trained on the inputs. Reports and returns nothing on failure.
+std::optional<Encoder> makeEncoder(bool sentencePiece,
+                                   const SentencePieceFlags &flags,
+                                   ArrayRef<std::string> inputs,
+                                   StringRef jsonlField, bool endOfDocument) {
+  if (!sentencePiece)
+    return Encoder(endOfDocument);
+  if (flags.trainVocab > 0) {
+    std::optional<std::string> model = trainModel(inputs, jsonlField, flags);
+    if (!model)
+      return std::nullopt;
+    return Encoder::sentencePiece(*model, flags.modelOut, endOfDocument);
+  }
+  ErrorOr<std::unique_ptr<MemoryBuffer>> model =
+      MemoryBuffer::getFile(flags.model, /*IsText=*/false,
+                            /*RequiresNullTerminator=*/false);
+  if (!model) {
+    dataError() << "cannot read the SentencePiece model '" << flags.model
+                << "': " << model.getError().message() << "\n";
+    return std::nullopt;
+  }
+  return Encoder::sentencePiece((*model)->getBuffer(), flags.model,
+                                endOfDocument);
 }
 
 /// A token file being written: the header, then ids as they come.
 class TokenWriter {
 public:
-  TokenWriter(std::string path, uint64_t vocabulary, uint64_t numTokens)
-      : file(std::move(path)), vocabulary(vocabulary), expected(numTokens) {}
+  TokenWriter(std::string path, uint64_t vocabulary, uint32_t bytesPerToken,
+              uint64_t numTokens)
+      : file(std::move(path)), vocabulary(vocabulary), width(bytesPerToken),
+        expected(numTokens) {}
 
   bool open() {
-    auto header = fastllm::rt::makeTokenFileHeader(sizeof(uint16_t), vocabulary,
-                                                   expected);
+    auto header = fastllm::rt::makeTokenFileHeader(width, vocabulary, expected);
     return file.open() && file.write(&header, sizeof(header));
   }
-  bool write(const uint16_t *ids, size_t n) {
-    written += n;
-    return file.write(ids, n * sizeof(uint16_t));
+  /// Appends `ids` (each below the vocabulary) in the file's width.
+  bool write(ArrayRef<uint32_t> ids) {
+    written += ids.size();
+    if (width == 4)
+      return file.write(ids.data(), ids.size() * sizeof(uint32_t));
+    narrow.assign(ids.begin(), ids.end());
+    return file.write(narrow.data(), narrow.size() * sizeof(uint16_t));
   }
   bool commit() {
     if (written != expected) {
@@ -124,12 +397,139 @@ public:
 
 private:
   fastllm::rt::OutputFile file;
-  uint64_t vocabulary, expected, written = 0;
+  uint64_t vocabulary;
+  uint32_t width;
+  uint64_t expected, written = 0;
+  std::vector<uint16_t> narrow;
 };
+
+/// Reports and fails unless each of `outputs` may be written: replaceable,
+/// absent or --overwrite, and all different.
+bool checkOutputs(ArrayRef<std::string> outputs, bool overwrite) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const std::string &path = outputs[i];
+    if (std::string why = ::fastllm::rt::checkReplaceable(path); !why.empty()) {
+      dataError() << why << "\n";
+      return false;
+    }
+    if (sys::fs::exists(path) && !overwrite) {
+      dataError() << "'" << path
+                  << "' exists; pass --overwrite to replace it\n";
+      return false;
+    }
+    for (size_t j = 0; j < i; ++j)
+      if (sys::fs::equivalent(outputs[j], path) || outputs[j] == path) {
+        dataError() << "'" << path << "' is named twice as an output\n";
+        return false;
+      }
+  }
+  return true;
+}
+
+/// Encodes `inputs` twice: counting, then writing the first part of the
+/// stream to `output` and the last `valFraction` to `valOutput` (when not
+/// empty). Reports and returns 1 on failure, else prints what it wrote.
+int writeTokenFiles(Encoder &encoder, ArrayRef<std::string> inputs,
+                    StringRef jsonlField, const std::string &output,
+                    const std::string &valOutput, double valFraction) {
+  // Pass 1: count (bytes need no encoding to be counted).
+  uint64_t total = 0;
+  for (const std::string &input : inputs)
+    if (!forEachDocument(input, jsonlField, [&](StringRef text) {
+          if (encoder.isBytes()) {
+            total += text.size() + (encoder.endOfDocument() ? 1 : 0);
+            return true;
+          }
+          return encoder.encode(text, [&](ArrayRef<uint32_t> ids) {
+            total += ids.size();
+            return true;
+          });
+        }))
+      return 1;
+  const uint64_t valTokens = uint64_t(double(total) * valFraction);
+  const uint64_t vocabulary = encoder.vocabulary();
+  TokenWriter train(output, vocabulary, encoder.bytesPerToken(),
+                    total - valTokens);
+  std::optional<TokenWriter> val;
+  if (!valOutput.empty())
+    val.emplace(valOutput, vocabulary, encoder.bytesPerToken(), valTokens);
+  if (!train.open() || (val && !val->open())) {
+    dataError() << (train.error().empty() ? val->error() : train.error())
+                << "\n";
+    return 1;
+  }
+
+  // Pass 2: encode and write, the first total - valTokens ids to -o.
+  uint64_t position = 0;
+  auto sink = [&](ArrayRef<uint32_t> ids) {
+    uint64_t toTrain = std::min<uint64_t>(
+        ids.size(), position < train.tokens() ? train.tokens() - position : 0);
+    position += ids.size();
+    if (toTrain && !train.write(ids.take_front(toTrain)))
+      return false;
+    return toTrain == ids.size() || !val || val->write(ids.drop_front(toTrain));
+  };
+  bool ok = true;
+  for (const std::string &input : inputs)
+    if (!(ok = forEachDocument(input, jsonlField, [&](StringRef text) {
+            return encoder.encode(text, sink);
+          })))
+      break;
+  if (!ok || !train.commit() || (val && !val->commit())) {
+    std::string why = !train.error().empty() ? train.error()
+                      : val                  ? val->error()
+                                             : "";
+    if (!why.empty())
+      dataError() << why << "\n";
+    return 1;
+  }
+  outs() << "wrote '" << output << "': " << train.tokens() << " tokens ("
+         << (encoder.bytesPerToken() == 2 ? "u16" : "u32")
+         << " ids, vocabulary " << vocabulary << ")\n";
+  if (val)
+    outs() << "wrote '" << valOutput << "': " << val->tokens()
+           << " tokens (the last " << format("%g", valFraction)
+           << " of the stream)\n";
+  return 0;
+}
+
+enum class TokenizerKind { Bytes, SentencePiece };
+
+/// Why the SentencePiece flags do not go together ("" when they do); sets
+/// the trained model's path when the flags leave it to `output`'s.
+std::string checkSentencePieceFlags(bool sentencePiece, SentencePieceFlags &sp,
+                                    StringRef output, bool training) {
+  if (!sentencePiece)
+    return sp.model.empty() && !training && sp.modelOut.empty()
+               ? ""
+               : "--sp-model, --sp-train-vocab-size and --sp-model-out need "
+                 "--tokenizer sentencepiece";
+  if (sp.model.empty() == !training)
+    return "--tokenizer sentencepiece takes one of --sp-model FILE (encode "
+           "with that model) and --sp-train-vocab-size N (train one)";
+  if (!training)
+    return sp.modelOut.empty() ? ""
+                               : "--sp-model-out names where a trained model "
+                                 "goes; it needs --sp-train-vocab-size";
+  if (sp.trainVocab < 1 || sp.trainVocab > std::numeric_limits<int32_t>::max())
+    return "--sp-train-vocab-size must be in [1, 2^31), got " +
+           std::to_string(sp.trainVocab);
+  if (sp.modelType != "unigram" && sp.modelType != "bpe")
+    return "--sp-model-type must be unigram or bpe, got '" + sp.modelType + "'";
+  if (sp.trainSentences < 1)
+    return "--sp-train-sentences must be at least 1";
+  if (sp.modelOut.empty()) {
+    SmallString<256> path(output);
+    sys::path::replace_extension(path, ".model");
+    sp.modelOut = std::string(path);
+  }
+  return "";
+}
 
 } // namespace
 
-int mlir::fastllm::dataMain(int argc, char **argv) {
+/// `fastllm-opt data`'s flags, checks and work; the exit code.
+static int dataMain(int argc, char **argv) {
   cl::OptionCategory category("fastllm-opt data options");
   cl::list<std::string> inputs(cl::Positional, cl::OneOrMore,
                                cl::desc("<text files | JSONL files>"),
@@ -150,21 +550,59 @@ int mlir::fastllm::dataMain(int argc, char **argv) {
   cl::opt<std::string> valOutput("val-output",
                                  cl::desc("The validation token file"),
                                  cl::value_desc("file"), cl::cat(category));
+  cl::opt<TokenizerKind> tokenizer(
+      "tokenizer", cl::desc("The tokenizer (default: bytes)"),
+      cl::values(
+          clEnumValN(TokenizerKind::Bytes, "bytes", "ids 0-255 are the bytes"),
+          clEnumValN(TokenizerKind::SentencePiece, "sentencepiece",
+                     "a SentencePiece model: --sp-model, or one "
+                     "trained here with --sp-train-vocab-size")),
+      cl::init(TokenizerKind::Bytes), cl::cat(category));
+  cl::opt<std::string> spModel(
+      "sp-model", cl::desc("The SentencePiece model (.model) to encode with"),
+      cl::value_desc("file"), cl::cat(category));
+  cl::opt<int64_t> spTrainVocab(
+      "sp-train-vocab-size",
+      cl::desc("Train a SentencePiece model of N pieces on the inputs' lines "
+               "first, and encode with it"),
+      cl::value_desc("N"), cl::init(0), cl::cat(category));
+  cl::opt<std::string> spModelOut(
+      "sp-model-out",
+      cl::desc("Where the trained model goes (default: -o's path with the "
+               "extension .model)"),
+      cl::value_desc("file"), cl::cat(category));
+  cl::opt<std::string> spModelType(
+      "sp-model-type",
+      cl::desc("The trained model's algorithm: unigram or bpe (default: "
+               "unigram)"),
+      cl::value_desc("type"), cl::init("unigram"), cl::cat(category));
+  cl::opt<uint64_t> spTrainSentences(
+      "sp-train-sentences",
+      cl::desc("Train on at most N lines, a uniform sample when the inputs "
+               "have more; lines are cut to 4192 bytes, so this bounds the "
+               "text held in memory (default: 1000000)"),
+      cl::value_desc("N"), cl::init(1000000), cl::cat(category));
   cl::opt<bool> endOfDocument(
       "end-of-document",
-      cl::desc("Follow each document with the id 256 (vocabulary 257; "
-               "default: no separator, vocabulary 256)"),
+      cl::desc("Follow each document with an end-of-document id: 256 with "
+               "bytes (vocabulary 257), the model's EOS id with "
+               "sentencepiece (refused if it has none); default: no "
+               "separator"),
       cl::cat(category));
   cl::opt<bool> overwrite(
-      "overwrite", cl::desc("Replace output files that exist (default: stop)"),
+      "overwrite",
+      cl::desc("Replace output files (and a trained model) that exist "
+               "(default: stop)"),
       cl::cat(category));
   cl::HideUnrelatedOptions({&category, &getColorCategory()});
   cl::ParseCommandLineOptions(
       argc, argv,
       "fastllm-opt data: text to a token file for `train --data` (a header "
-      "with the ids' width and the vocabulary, then the ids). Byte-level "
-      "tokenizer: ids 0-255 are the bytes; with --end-of-document, 256 ends "
-      "each document\n");
+      "with the ids' width and the vocabulary, then the ids: u16 up to a "
+      "vocabulary of 65536, else u32). Byte-level tokenizer: ids 0-255 are "
+      "the bytes; with --end-of-document, 256 ends each document. "
+      "SentencePiece: each line of a document is encoded as spm_encode "
+      "encodes it\n");
 
   if (!(valFraction >= 0 && valFraction < 1)) {
     dataError() << "--val-fraction must be in [0, 1), got " << valFraction
@@ -175,81 +613,34 @@ int mlir::fastllm::dataMain(int argc, char **argv) {
     dataError() << "--val-fraction and --val-output go together\n";
     return 1;
   }
+  bool sentencePiece = tokenizer == TokenizerKind::SentencePiece;
+  SentencePieceFlags sp{spModel, spTrainVocab, spModelOut, spModelType,
+                        spTrainSentences};
+  if (std::string why = checkSentencePieceFlags(
+          sentencePiece, sp, output, spTrainVocab.getNumOccurrences());
+      !why.empty()) {
+    dataError() << why << "\n";
+    return 1;
+  }
   std::vector<std::string> outputs = {output};
   if (!valOutput.empty())
     outputs.push_back(valOutput);
-  for (const std::string &path : outputs) {
-    if (std::string why = ::fastllm::rt::checkReplaceable(path); !why.empty()) {
-      dataError() << why << "\n";
-      return 1;
-    }
-    if (sys::fs::exists(path) && !overwrite) {
-      dataError() << "'" << path
-                  << "' exists; pass --overwrite to replace it\n";
-      return 1;
-    }
-  }
-  if (outputs.size() == 2 && outputs[0] == outputs[1]) {
-    dataError() << "-o and --val-output are the same file\n";
+  if (sp.trainVocab > 0)
+    outputs.push_back(sp.modelOut);
+  if (!checkOutputs(outputs, overwrite))
     return 1;
-  }
 
-  // Pass 1: count.
-  uint64_t total = 0;
-  std::vector<uint16_t> ids;
-  for (const std::string &input : inputs)
-    if (!forEachDocument(input, jsonlField, [&](StringRef text) {
-          total += text.size() + (endOfDocument ? 1 : 0);
-        }))
-      return 1;
-  const uint64_t valTokens = uint64_t(double(total) * valFraction);
-  const uint64_t vocabulary = endOfDocument ? 257 : 256;
-  TokenWriter train(output, vocabulary, total - valTokens);
-  std::optional<TokenWriter> val;
-  if (!valOutput.empty())
-    val.emplace(valOutput, vocabulary, valTokens);
-  if (!train.open() || (val && !val->open())) {
-    dataError() << (train.error().empty() ? val->error() : train.error())
-                << "\n";
+  std::optional<Encoder> encoder =
+      makeEncoder(sentencePiece, sp, inputs, jsonlField, endOfDocument);
+  if (!encoder)
     return 1;
-  }
+  return writeTokenFiles(*encoder, inputs, jsonlField, output, valOutput,
+                         valFraction);
+}
 
-  // Pass 2: encode and write, the first total - valTokens ids to -o.
-  uint64_t position = 0;
-  bool ok = true;
-  for (const std::string &input : inputs) {
-    ok = forEachDocument(
-             input, jsonlField,
-             [&](StringRef text) {
-               ids.clear();
-               encodeBytes(text, endOfDocument, ids);
-               uint64_t toTrain = std::min<uint64_t>(
-                   ids.size(),
-                   position < train.tokens() ? train.tokens() - position : 0);
-               if (toTrain && !train.write(ids.data(), toTrain))
-                 ok = false;
-               if (toTrain < ids.size() && val &&
-                   !val->write(ids.data() + toTrain, ids.size() - toTrain))
-                 ok = false;
-               position += ids.size();
-             }) &&
-         ok;
-    if (!ok)
-      break;
-  }
-  if (!ok || !train.commit() || (val && !val->commit())) {
-    std::string why = !train.error().empty() ? train.error()
-                      : val                  ? val->error()
-                                             : "";
-    if (!why.empty())
-      dataError() << why << "\n";
-    return 1;
-  }
-  outs() << "wrote '" << output << "': " << train.tokens()
-         << " tokens (u16 ids, vocabulary " << vocabulary << ")\n";
-  if (val)
-    outs() << "wrote '" << valOutput << "': " << val->tokens()
-           << " tokens (the last " << format("%g", double(valFraction))
-           << " of the stream)\n";
-  return 0;
+/// fastllm-data: `fastllm-opt data` runs it with its own arguments (argv[0]
+/// "fastllm-opt data"), see tools/DataLauncher.cpp.
+int main(int argc, char **argv) {
+  InitLLVM y(argc, argv);
+  return dataMain(argc, argv);
 }
