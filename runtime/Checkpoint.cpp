@@ -1,4 +1,10 @@
 //===- Checkpoint.cpp - sharded, verified training checkpoints ------------===//
+//
+// Everything of runtime/Checkpoint.h that needs no MPI: checksums,
+// fingerprints, manifests, shard files, the folder's housekeeping and
+// reading the weights back (fastllm-opt consolidate). The collectives are in
+// CheckpointCollective.cpp.
+//
 
 #include "runtime/Checkpoint.h"
 #include "runtime/Version.h"
@@ -13,6 +19,8 @@
 #include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
+#include <map>
+#include <set>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -345,9 +353,11 @@ std::string shardHeader(int rank, int64_t step,
   return s + "]}";
 }
 
-Expected<ShardRecord> writeShard(const std::string &path, int rank,
-                                 int64_t step,
-                                 const std::vector<Region> &regions) {
+} // namespace
+
+Expected<ShardRecord>
+fastllm::rt::writeShard(const std::string &path, int rank, int64_t step,
+                        const std::vector<Region> &regions) {
   std::string header = shardHeader(rank, step, regions);
   uint64_t headerBytes = header.size();
   ChecksummedFile file(path);
@@ -368,8 +378,9 @@ Expected<ShardRecord> writeShard(const std::string &path, int rank,
 
 /// Reads this rank's shard of the checkpoint in `folder` into `regions`;
 /// an empty string, or what is wrong with the shard.
-std::string loadShard(const std::string &folder, int rank, const Manifest &m,
-                      const std::vector<Region> &regions) {
+std::string fastllm::rt::loadShard(const std::string &folder, int rank,
+                                   const Manifest &m,
+                                   const std::vector<Region> &regions) {
   std::string name = shardFileName(rank);
   if (rank >= int(m.shards.size()))
     return "the manifest lists no " + name;
@@ -422,7 +433,18 @@ std::string loadShard(const std::string &folder, int rank, const Manifest &m,
   return "";
 }
 
-Expected<Manifest> readManifest(const std::string &folder) {
+Expected<ShardRecord> fastllm::rt::writeManifestFile(const std::string &path,
+                                                     const std::string &json) {
+  ChecksummedFile file(path);
+  Status s = file.open();
+  if (s.ok())
+    s = file.write(json.data(), json.size());
+  if (!s.ok())
+    return s;
+  return file.commit();
+}
+
+Expected<Manifest> fastllm::rt::readManifest(const std::string &folder) {
   std::string path = folder + "/manifest.json";
   FILE *f = std::fopen(path.c_str(), "rb");
   if (!f) {
@@ -443,8 +465,6 @@ Expected<Manifest> readManifest(const std::string &folder) {
     return Status::error("manifest.json: " + m.status().message());
   return m;
 }
-
-} // namespace
 
 Expected<std::vector<int64_t>>
 fastllm::rt::listCheckpointSteps(const std::string &dir) {
@@ -467,129 +487,322 @@ fastllm::rt::listCheckpointSteps(const std::string &dir) {
 }
 
 //===----------------------------------------------------------------------===//
-// Save and restore
+// Reading a checkpoint's weights
 //===----------------------------------------------------------------------===//
 
-Status fastllm::rt::saveCheckpoint(Communicator &comm, const std::string &dir,
-                                   Manifest m,
-                                   const std::vector<Region> &regions) {
-  std::string folder = dir + "/" + stepFolderName(m.step);
-  std::string manifestPath = folder + "/manifest.json";
-  if (comm.rank() == 0) {
-    if (mkdir(folder.c_str(), 0777) != 0 && errno != EEXIST)
-      return errorf("cannot create checkpoint folder '%s': %s", folder.c_str(),
-                    std::strerror(errno));
-    // A manifest left by an earlier run must not vouch for the shards about
-    // to be replaced.
-    if (unlink(manifestPath.c_str()) != 0 && errno != ENOENT)
-      return errorf("cannot remove the old '%s': %s", manifestPath.c_str(),
-                    std::strerror(errno));
-    syncFolder(folder);
-    syncFolder(dir);
+const char *const fastllm::rt::kMasterRegion = "master";
+
+namespace {
+
+/// A fingerprint's decimal field as a non-negative integer below 2^62.
+std::optional<int64_t> decimal(const std::string &s) {
+  if (s.empty() || s.size() > 18 ||
+      s.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::strtoll(s.c_str(), nullptr, 10);
+}
+
+/// A fingerprint's shape field, "[2, 3]" (or "[]"), as dimensions.
+std::optional<std::vector<int64_t>> shapeField(const std::string &s) {
+  if (s.size() < 2 || s.front() != '[' || s.back() != ']')
+    return std::nullopt;
+  std::vector<int64_t> dims;
+  std::string inner = s.substr(1, s.size() - 2);
+  for (size_t at = 0; !inner.empty();) {
+    size_t comma = inner.find(", ", at);
+    std::optional<int64_t> d = decimal(inner.substr(at, comma - at));
+    if (!d || dims.size() >= 16)
+      return std::nullopt;
+    dims.push_back(*d);
+    if (comma == std::string::npos)
+      break;
+    at = comma + 2;
   }
-  comm.barrier(); // the folder exists and holds no stale manifest
+  return dims;
+}
 
-  Expected<ShardRecord> mine = writeShard(
-      folder + "/" + shardFileName(comm.rank()), comm.rank(), m.step, regions);
-  if (!mine)
-    return mine.status(); // the peers wait below until the job is aborted
-  m.dp = comm.size();
-  m.shards.assign(comm.size(), ShardRecord());
-  comm.allGatherBytes(&*mine, m.shards.data(), sizeof(ShardRecord));
-  if (comm.rank() != 0)
-    return Status();
+/// Reads the plan fingerprint's fields by name, naming what is wrong.
+class FieldReader {
+public:
+  explicit FieldReader(const Fingerprint &f) {
+    for (const auto &[key, value] : f)
+      fields.emplace(key, value);
+  }
+  Expected<std::string> text(const std::string &key) const {
+    auto it = fields.find(key);
+    if (it == fields.end())
+      return errorf("the manifest's plan has no '%s' (written by an older "
+                    "fastllm-opt? consolidate needs the parameters' names, "
+                    "shapes and offsets and the stage table)",
+                    key.c_str());
+    return it->second;
+  }
+  Expected<int64_t> number(const std::string &key, int64_t max) const {
+    Expected<std::string> t = text(key);
+    if (!t)
+      return t.status();
+    std::optional<int64_t> x = decimal(*t);
+    if (!x || *x > max)
+      return errorf("the manifest's plan field '%s' is \"%s\", not an "
+                    "integer in [0, %lld]",
+                    key.c_str(), t->c_str(), (long long)max);
+    return *x;
+  }
 
-  std::string json = manifestJson(m);
-  ChecksummedFile file(manifestPath);
-  Status s = file.open();
-  if (s.ok())
-    s = file.write(json.data(), json.size());
-  if (!s.ok())
-    return s;
-  if (Expected<ShardRecord> done = file.commit(); !done)
-    return done.status();
+private:
+  std::map<std::string, std::string> fields;
+};
+
+/// The element count of `shape`, or nothing past `max`.
+std::optional<int64_t> elementCount(const std::vector<int64_t> &shape,
+                                    int64_t max) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n) || n > max)
+      return std::nullopt;
+  return n;
+}
+
+/// Checks that the stages tile the flat array in dp equal shards.
+Status checkStages(const CheckpointLayout &l) {
+  int64_t end = 0;
+  for (size_t k = 0; k < l.stages.size(); ++k) {
+    auto [offset, elements] = l.stages[k];
+    if (offset != end || elements % l.dp != 0)
+      return errorf("the manifest's stage %zu [%lld, +%lld) does not follow "
+                    "the previous one or does not split into %lld equal "
+                    "shards",
+                    k, (long long)offset, (long long)elements, (long long)l.dp);
+    end += elements;
+  }
+  if (end != l.paramElements)
+    return errorf("the manifest's stages cover %lld elements, not "
+                  "param_elements %lld",
+                  (long long)end, (long long)l.paramElements);
   return Status();
 }
 
-Expected<Restored>
-fastllm::rt::loadLatestCheckpoint(Communicator &comm, const std::string &dir,
-                                  const Fingerprint &plan,
-                                  const std::vector<Region> &regions) {
-  // Rank 0's listing decides which checkpoints everyone tries, in order, so
-  // that the ranks' collectives below pair up.
-  std::vector<int64_t> steps;
-  int64_t count = 0;
-  Status listing;
-  if (comm.rank() == 0) {
-    Expected<std::vector<int64_t>> listed = listCheckpointSteps(dir);
-    if (listed)
-      steps = std::move(*listed);
-    else
-      listing = listed.status();
-    count = listed ? int64_t(steps.size()) : -1;
-  }
-  comm.broadcast(&count, sizeof(count), 0);
-  if (count < 0)
-    return listing.ok()
-               ? errorf("cannot read checkpoint folder '%s'", dir.c_str())
-               : listing;
-  steps.resize(count);
-  comm.broadcast(steps.data(), count * int64_t(sizeof(int64_t)), 0);
+/// Reads parameter `i` of the fingerprint and checks it against the stages.
+Expected<CheckpointParam> readParam(const FieldReader &f,
+                                    const CheckpointLayout &l, int64_t i) {
+  std::string key = "params[" + std::to_string(i) + "].";
+  CheckpointParam p;
+  Expected<std::string> name = f.text(key + "name");
+  Expected<std::string> shape = f.text(key + "shape");
+  Expected<std::string> trainable = f.text(key + "trainable");
+  if (!name || !shape || !trainable)
+    return !name ? name.status() : !shape ? shape.status() : trainable.status();
+  p.name = *name;
+  std::optional<std::vector<int64_t>> dims = shapeField(*shape);
+  if (!dims || (*trainable != "true" && *trainable != "false"))
+    return errorf("parameter %lld ('%s') has shape \"%s\" and trainable "
+                  "\"%s\" in the manifest",
+                  (long long)i, name->c_str(), shape->c_str(),
+                  trainable->c_str());
+  p.shape = *dims;
+  p.trainable = *trainable == "true";
+  std::optional<int64_t> n = elementCount(p.shape, INT64_C(1) << 48);
+  if (!n)
+    return errorf("parameter '%s' has shape %s, too large", name->c_str(),
+                  shape->c_str());
+  p.elements = *n;
+  if (!p.trainable)
+    return p;
+  Expected<int64_t> offset = f.number(key + "offset", l.paramElements);
+  if (!offset)
+    return offset.status();
+  p.offset = *offset;
+  for (auto [begin, elements] : l.stages)
+    if (p.offset >= begin && p.offset + p.elements <= begin + elements)
+      return p;
+  return errorf("parameter '%s' [%lld, +%lld) lies in no one stage of the "
+                "manifest",
+                name->c_str(), (long long)p.offset, (long long)p.elements);
+}
 
-  constexpr int kReasonBytes = 256;
-  Restored result;
-  for (int64_t step : steps) {
-    std::string folder = dir + "/" + stepFolderName(step);
-    Expected<Manifest> m = readManifest(folder);
-    std::string why;
-    if (!m) {
-      why = m.status().message();
-    } else if (m->step != step) {
-      why = "its manifest is for step " + std::to_string(m->step);
-    } else if (std::optional<std::string> diff =
-                   firstDifference(m->plan, plan)) {
-      return errorf("checkpoint '%s' was written for a different plan: %s; "
-                    "resume with the binary that wrote it, or start a new "
-                    "--checkpoint-dir",
-                    folder.c_str(), diff->c_str());
-    } else {
-      why = loadShard(folder, comm.rank(), *m, regions);
-    }
+} // namespace
 
-    // Every rank must have loaded its shard of the same checkpoint.
-    char reason[kReasonBytes] = {};
-    std::strncpy(reason, why.c_str(), kReasonBytes - 1);
-    std::vector<char> reasons(size_t(kReasonBytes) * comm.size());
-    comm.allGatherBytes(reason, reasons.data(), kReasonBytes);
-    std::vector<std::string> problems;
-    for (int r = 0; r < comm.size(); ++r)
-      problems.push_back(&reasons[size_t(r) * kReasonBytes]);
-    if (std::all_of(problems.begin(), problems.end(),
-                    [](const std::string &p) { return p.empty(); })) {
-      result.path = folder;
-      result.manifest = std::move(*m);
-      return result;
-    }
-    // One reason when the ranks agree (a missing manifest), else each rank's.
-    std::string line = "checkpoint '" + folder + "' skipped: ";
-    if (std::equal(problems.begin() + 1, problems.end(), problems.begin())) {
-      line += problems[0];
-    } else {
-      bool first = true;
-      for (int r = 0; r < comm.size(); ++r)
-        if (!problems[r].empty()) {
-          line += (first ? "rank " : "; rank ") + std::to_string(r) + ": " +
-                  problems[r];
-          first = false;
-        }
-    }
-    result.skipped.push_back(line);
-    // Rank 0's view decides (every rank read the same manifest file).
-    int64_t hadManifest = m.ok();
-    comm.broadcast(&hadManifest, sizeof(hadManifest), 0);
-    result.damaged += hadManifest;
+Expected<CheckpointLayout> fastllm::rt::checkpointLayout(const Manifest &m) {
+  FieldReader f(m.plan);
+  CheckpointLayout l;
+  constexpr int64_t kMaxElements = INT64_C(1) << 48, kMaxCount = 1 << 24;
+  Expected<int64_t> dp = f.number("dp", 1 << 20);
+  Expected<int64_t> zero = f.number("zero_stage", 3);
+  Expected<int64_t> elements = f.number("param_elements", kMaxElements);
+  Expected<int64_t> stages = f.number("num_stages", kMaxCount);
+  Expected<int64_t> params = f.number("num_params", kMaxCount);
+  for (const Expected<int64_t> *x : {&dp, &zero, &elements, &stages, &params})
+    if (!*x)
+      return x->status();
+  if (*dp != m.dp || *dp < 1)
+    return errorf("the manifest's plan is for dp %lld but it lists %lld "
+                  "shards",
+                  (long long)*dp, (long long)m.dp);
+  l.dp = *dp;
+  l.zeroStage = *zero;
+  l.paramElements = *elements;
+  for (int64_t k = 0; k < *stages; ++k) {
+    std::string key = "stages[" + std::to_string(k) + "].";
+    Expected<int64_t> offset = f.number(key + "offset", kMaxElements);
+    Expected<int64_t> size = f.number(key + "elements", kMaxElements);
+    if (!offset || !size)
+      return !offset ? offset.status() : size.status();
+    l.stages.push_back({*offset, *size});
   }
-  return result; // none complete: an empty path
+  if (Status s = checkStages(l); !s.ok())
+    return s;
+  std::set<std::string> names;
+  for (int64_t i = 0; i < *params; ++i) {
+    Expected<CheckpointParam> p = readParam(f, l, i);
+    if (!p)
+      return p.status();
+    if (!names.insert(p->name).second)
+      return errorf("the manifest names parameter '%s' twice", p->name.c_str());
+    l.params.push_back(std::move(*p));
+  }
+  return l;
+}
+
+namespace {
+
+/// The regions a shard header lists, checked against the shard's rank and
+/// step; `what` says what is wrong otherwise.
+bool parseShardHeader(const std::string &header, int rank, int64_t step,
+                      std::vector<std::pair<std::string, uint64_t>> &regions,
+                      std::string &what) {
+  Expected<JsonValue> v = parseJson(header);
+  if (!v) {
+    what = "its header is not JSON: " + v.status().message();
+    return false;
+  }
+  const JsonValue *r = v->get("rank"), *s = v->get("step"),
+                  *list = v->get("regions");
+  std::optional<uint64_t> hr = r ? r->asUint64() : std::nullopt;
+  std::optional<uint64_t> hs = s ? s->asUint64() : std::nullopt;
+  if (!hr || !hs || *hr != uint64_t(rank) || *hs != uint64_t(step) || !list ||
+      list->kind != JsonValue::Kind::Array) {
+    what = "its header does not describe rank " + std::to_string(rank) +
+           "'s regions at step " + std::to_string(step);
+    return false;
+  }
+  for (const JsonValue &e : list->array) {
+    const JsonValue *name = e.get("name"), *bytes = e.get("bytes");
+    std::optional<uint64_t> n = bytes ? bytes->asUint64() : std::nullopt;
+    if (!name || name->kind != JsonValue::Kind::String || !n) {
+      what = "its header lists a region without a name and a byte count";
+      return false;
+    }
+    regions.push_back({name->text, *n});
+  }
+  return true;
+}
+
+} // namespace
+
+std::string fastllm::rt::readMasterShard(const std::string &folder, int rank,
+                                         const Manifest &m,
+                                         const CheckpointLayout &layout,
+                                         float *out) {
+  std::string name = shardFileName(rank);
+  const ShardRecord &expected = m.shards.at(rank);
+  int fd = ::open((folder + "/" + name).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return "cannot open " + name + ": " + std::strerror(errno);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return name + " is not a regular file";
+  if (st.st_size != expected.bytes)
+    return name + " has " + std::to_string(st.st_size) +
+           " bytes but the manifest says " + std::to_string(expected.bytes);
+  char magic[sizeof(kShardMagic)];
+  uint64_t headerBytes = 0;
+  if (!readAll(fd, magic, sizeof(magic)) ||
+      std::memcmp(magic, kShardMagic, sizeof(magic)) != 0 ||
+      !readAll(fd, &headerBytes, sizeof(headerBytes)) ||
+      headerBytes > uint64_t(st.st_size) - 16)
+    return name + " is not a checkpoint shard";
+  std::string header(headerBytes, '\0');
+  if (!readAll(fd, header.data(), headerBytes))
+    return name + " is not a checkpoint shard";
+  std::vector<std::pair<std::string, uint64_t>> regions;
+  std::string what;
+  if (!parseShardHeader(header, rank, m.step, regions, what))
+    return name + ": " + what;
+  // Where the master region starts among the data bytes, and their total.
+  const uint64_t want = uint64_t(layout.paramElements / layout.dp) * 4;
+  uint64_t total = 0, begin = UINT64_MAX;
+  for (const auto &[region, bytes] : regions) {
+    if (region == kMasterRegion && bytes == want)
+      begin = total;
+    if (__builtin_add_overflow(total, bytes, &total))
+      return name + "'s header describes more bytes than a file holds";
+  }
+  if (begin == UINT64_MAX)
+    return name + " has no '" + kMasterRegion + "' region of " +
+           std::to_string(want) + " bytes";
+  if (16 + headerBytes + total != uint64_t(st.st_size))
+    return name + " has " + std::to_string(st.st_size) +
+           " bytes but its header describes " +
+           std::to_string(16 + headerBytes + total);
+  uint32_t crc = crc32c(0, magic, sizeof(magic));
+  crc = crc32c(crc, &headerBytes, sizeof(headerBytes));
+  crc = crc32c(crc, header.data(), header.size());
+  // Every byte is checksummed; the master region's land in `out`.
+  std::vector<char> chunk(size_t(4) << 20);
+  auto stream = [&](uint64_t bytes, char *into) {
+    for (uint64_t done = 0; done < bytes;) {
+      uint64_t n = std::min<uint64_t>(chunk.size(), bytes - done);
+      char *p = into ? into + done : chunk.data();
+      if (!readAll(fd, p, int64_t(n)))
+        return false;
+      crc = crc32c(crc, p, n);
+      done += n;
+    }
+    return true;
+  };
+  if (!stream(begin, nullptr) || !stream(want, reinterpret_cast<char *>(out)) ||
+      !stream(total - begin - want, nullptr))
+    return "cannot read " + name + ": it ended early";
+  if (crc != expected.crc32c)
+    return name + " fails its checksum (crc32c " + hex32(crc) +
+           ", the manifest says " + hex32(expected.crc32c) + ")";
+  return "";
+}
+
+Expected<std::vector<float>>
+fastllm::rt::readCheckpointWeights(const std::string &folder, const Manifest &m,
+                                   const CheckpointLayout &layout) {
+  // The files' sizes first: the manifest's element counts are not trusted
+  // with an allocation until the shards are seen to hold them.
+  const int64_t shardElements = layout.paramElements / layout.dp;
+  for (int r = 0; r < int(layout.dp); ++r) {
+    struct stat st;
+    std::string path = folder + "/" + shardFileName(r);
+    if (stat(path.c_str(), &st) != 0)
+      return errorf("cannot open %s: %s", shardFileName(r).c_str(),
+                    std::strerror(errno));
+    if (st.st_size / 4 < shardElements)
+      return errorf("%s has %lld bytes, too few for its %lld weights",
+                    shardFileName(r).c_str(), (long long)st.st_size,
+                    (long long)shardElements);
+  }
+  std::vector<float> full(size_t(layout.paramElements), 0.0f);
+  std::vector<float> shard(static_cast<size_t>(shardElements));
+  for (int r = 0; r < int(layout.dp); ++r) {
+    if (std::string why = readMasterShard(folder, r, m, layout, shard.data());
+        !why.empty())
+      return Status::error(why);
+    for (auto [offset, elements] : layout.stages) {
+      int64_t part = elements / layout.dp;
+      std::copy_n(shard.data() + offset / layout.dp, part,
+                  full.data() + offset + r * part);
+    }
+  }
+  return full;
 }
 
 Expected<std::vector<int64_t>>

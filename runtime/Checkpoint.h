@@ -125,6 +125,80 @@ Expected<Restored> loadLatestCheckpoint(Communicator &comm,
                                         const Fingerprint &plan,
                                         const std::vector<Region> &regions);
 
+//===----------------------------------------------------------------------===//
+// Files (no MPI: fastllm-opt links these too; the collectives above are in
+// CheckpointCollective.cpp)
+//===----------------------------------------------------------------------===//
+
+/// Writes one rank's shard file (synced, renamed into place); its size and
+/// CRC32C.
+Expected<ShardRecord> writeShard(const std::string &path, int rank,
+                                 int64_t step,
+                                 const std::vector<Region> &regions);
+
+/// Reads rank `rank`'s shard of the checkpoint in `folder` into `regions`,
+/// which must be exactly the regions it was saved from; an empty string, or
+/// what is wrong with the shard (size, header, checksum).
+std::string loadShard(const std::string &folder, int rank, const Manifest &m,
+                      const std::vector<Region> &regions);
+
+/// Writes a manifest's text to `path` atomically; its size and CRC32C.
+Expected<ShardRecord> writeManifestFile(const std::string &path,
+                                        const std::string &json);
+
+/// The manifest of the step folder `folder`, parsed and checked; the error
+/// says why not (no manifest: the checkpoint is incomplete).
+Expected<Manifest> readManifest(const std::string &folder);
+
+//===----------------------------------------------------------------------===//
+// Reading a checkpoint's weights without the training binary
+//===----------------------------------------------------------------------===//
+
+/// The name of the region that holds a rank's shard of the fp32 master
+/// weights (runtime/Train.cpp saves "master", "adam_m", "adam_v").
+extern const char *const kMasterRegion;
+
+/// A parameter as the manifest's plan fingerprint records it.
+struct CheckpointParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t elements = 0;
+  /// Into the flat parameter array (a trainable parameter); a frozen one is
+  /// not in the checkpoint (it never changes: resume reads it from the run's
+  /// weights file again).
+  int64_t offset = 0;
+  bool trainable = true;
+};
+
+/// Where a checkpoint keeps each parameter: the flat parameter array of
+/// `paramElements` is cut into stages, and stage k's elements [offset_k + r
+/// * e_k / dp, + e_k / dp) are rank r's master shard at [offset_k / dp, +
+/// e_k / dp) (runtime/Zero.h), for every ZeRO stage and for dp = 1.
+struct CheckpointLayout {
+  int64_t dp = 0, zeroStage = 0, paramElements = 0;
+  std::vector<std::pair<int64_t, int64_t>> stages; ///< (offset, elements)
+  std::vector<CheckpointParam> params;             ///< in the plan's order
+};
+
+/// The layout the manifest's plan fingerprint describes, every field checked
+/// (numbers, stages tiling the array in dp equal shards, each trainable
+/// parameter inside one stage), so that a hostile manifest gives an error.
+Expected<CheckpointLayout> checkpointLayout(const Manifest &m);
+
+/// The master shard of rank `rank` of the checkpoint in `folder`, read as
+/// resume reads it: the file's size, header and CRC32C must be what the
+/// manifest says. `out` receives the region's paramElements / dp floats; the
+/// result is empty, or what is wrong.
+std::string readMasterShard(const std::string &folder, int rank,
+                            const Manifest &m, const CheckpointLayout &layout,
+                            float *out);
+
+/// The full flat parameter array (paramElements floats) of the checkpoint in
+/// `folder`: every rank's master shard, verified, put back in place.
+Expected<std::vector<float>>
+readCheckpointWeights(const std::string &folder, const Manifest &m,
+                      const CheckpointLayout &layout);
+
 /// The steps under `dir` whose folder holds a manifest for that step (a save
 /// that finished), newest first. Shards are not read: this is what a fresh
 /// run refuses to start among and what --keep-last counts.

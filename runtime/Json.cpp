@@ -1,9 +1,23 @@
-//===- Json.cpp - the small JSON subset the runtime reads and writes ------===//
+//===- Json.cpp - JSON through nlohmann-json's SAX parser -----------------===//
+//
+// nlohmann::json's lexer and parser (iterative: no recursion on nesting) do
+// the syntax: literals, numbers, escapes, surrogate pairs, UTF-8 validation,
+// trailing data. The handler below builds the JsonValue tree and adds the
+// checks the runtime needs beyond the grammar: duplicate keys are errors,
+// nesting is bounded, and every number keeps its literal so integers convert
+// exactly. Positions come from an iterator that counts what the lexer read.
+//
+//===----------------------------------------------------------------------===//
 
 #include "runtime/Json.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cerrno>
 #include <cstdlib>
+#include <iterator>
+#include <string>
+#include <unordered_set>
 
 using namespace fastllm::rt;
 
@@ -27,245 +41,175 @@ std::optional<uint64_t> JsonValue::asUint64() const {
 
 namespace {
 
-constexpr int kMaxDepth = 64;
+/// Containers may nest 65 deep (a value at depth 64 may be an empty array or
+/// object), as the hand-written parser this replaces allowed.
+constexpr size_t kMaxDepth = 64;
 
-class Parser {
+/// A char iterator that records, in `*read`, how many bytes the lexer has
+/// consumed, so that the handler's errors can name a byte position.
+class CountingIterator {
 public:
-  explicit Parser(std::string_view text) : s(text) {}
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char *;
+  using reference = const char &;
 
-  Expected<JsonValue> parseDocument() {
+  CountingIterator(const char *p, const char *begin, size_t *read)
+      : p(p), begin(begin), read(read) {}
+  reference operator*() const { return *p; }
+  CountingIterator &operator++() {
+    ++p;
+    *read = size_t(p - begin);
+    return *this;
+  }
+  CountingIterator operator++(int) {
+    CountingIterator old = *this;
+    ++*this;
+    return old;
+  }
+  bool operator==(const CountingIterator &o) const { return p == o.p; }
+  bool operator!=(const CountingIterator &o) const { return p != o.p; }
+
+private:
+  const char *p, *begin;
+  size_t *read;
+};
+
+using Json = nlohmann::json;
+
+/// Builds the JsonValue tree from nlohmann's SAX events.
+class TreeBuilder final : public nlohmann::json_sax<Json> {
+public:
+  explicit TreeBuilder(const size_t *read) : read(read) {}
+
+  JsonValue root;
+  std::string error;
+
+  bool null() override { return add(JsonValue()); }
+  bool boolean(bool b) override {
     JsonValue v;
-    if (!parseValue(v, 0))
-      return failure();
-    skipSpace();
-    if (pos != s.size()) {
-      fail("unexpected data after the JSON value");
-      return failure();
-    }
-    return v;
+    v.kind = JsonValue::Kind::Bool;
+    v.boolean = b;
+    return add(std::move(v));
+  }
+  bool number_integer(number_integer_t x) override {
+    // Non-negative integers arrive as number_unsigned: a zero here is "-0",
+    // which must not read as the unsigned integer 0.
+    return number(x == 0 ? "-0" : std::to_string(x));
+  }
+  bool number_unsigned(number_unsigned_t x) override {
+    return number(std::to_string(x));
+  }
+  bool number_float(number_float_t, const string_t &literal) override {
+    // Also integers beyond 64 bits: asUint64 refuses them from the literal.
+    return number(literal);
+  }
+  bool string(string_t &s) override {
+    JsonValue v;
+    v.kind = JsonValue::Kind::String;
+    v.text = std::move(s);
+    return add(std::move(v));
+  }
+  bool binary(binary_t &) override { return fail("binary value", 1); }
+  bool start_object(std::size_t) override {
+    return open(JsonValue::Kind::Object);
+  }
+  bool key(string_t &k) override {
+    if (!stack.back().keys.insert(k).second)
+      return fail(("duplicate key \"" + k + "\"").c_str(), 0);
+    stack.back().key = std::move(k);
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override {
+    return open(JsonValue::Kind::Array);
+  }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t position, const std::string &,
+                   const nlohmann::detail::exception &ex) override {
+    // "[json.exception.parse_error.101] parse error at line 1, column 4:
+    // syntax error while parsing value - unexpected ']'; ..." -> the part
+    // after the location, at the offending token's first byte.
+    std::string what = ex.what();
+    size_t colon = what.find(": ");
+    if (colon != std::string::npos)
+      what = what.substr(colon + 2);
+    // The byte at which the lexer saw the problem (the end of the text when
+    // it ran out): `position` counts the bytes it read, less a lookahead it
+    // put back. (nlohmann's last-token text is not used: it may hold earlier
+    // tokens' characters too.)
+    bool atEnd = what.find("unexpected end of input") != std::string::npos;
+    // (At the end, the lexer's count includes the end-of-input marker.)
+    error = what + " at byte " +
+            std::to_string(atEnd ? *read : position == 0 ? 0 : position - 1);
+    return false;
   }
 
 private:
-  std::string_view s;
-  size_t pos = 0;
-  std::string err;
+  /// An open container, the keys its members used so far, and the key of
+  /// the member being read.
+  struct Open {
+    JsonValue value;
+    std::unordered_set<std::string> keys;
+    std::string key;
+  };
 
-  Status failure() const { return Status::error(err); }
-  bool fail(const char *what) {
-    err = std::string(what) + " at byte " + std::to_string(pos);
+  bool fail(const char *what, size_t back) {
+    error += std::string(what) + " at byte " +
+             std::to_string(*read >= back ? *read - back : 0);
     return false;
   }
-  void skipSpace() {
-    while (pos < s.size() && (s[pos] == ' ' || s[pos] == '\t' ||
-                              s[pos] == '\n' || s[pos] == '\r'))
-      ++pos;
-  }
-  bool consume(char c) {
-    skipSpace();
-    if (pos < s.size() && s[pos] == c) {
-      ++pos;
-      return true;
-    }
-    return false;
-  }
-  bool literal(std::string_view word) {
-    if (s.substr(pos, word.size()) != word)
-      return fail("invalid literal");
-    pos += word.size();
-    return true;
-  }
-
-  bool parseValue(JsonValue &v, int depth) {
-    if (depth > kMaxDepth)
-      return fail("JSON nested too deeply");
-    skipSpace();
-    if (pos == s.size())
-      return fail("unexpected end of JSON");
-    switch (s[pos]) {
-    case '{':
-      return parseObject(v, depth);
-    case '[':
-      return parseArray(v, depth);
-    case '"':
-      v.kind = JsonValue::Kind::String;
-      return parseString(v.text);
-    case 't':
-      v.kind = JsonValue::Kind::Bool;
-      v.boolean = true;
-      return literal("true");
-    case 'f':
-      v.kind = JsonValue::Kind::Bool;
-      return literal("false");
-    case 'n':
-      return literal("null");
-    default:
-      return parseNumber(v);
-    }
-  }
-
-  bool parseObject(JsonValue &v, int depth) {
-    v.kind = JsonValue::Kind::Object;
-    ++pos;
-    if (consume('}'))
-      return true;
-    do {
-      skipSpace();
-      std::string key;
-      if (pos == s.size() || s[pos] != '"')
-        return fail("expected a string key");
-      if (!parseString(key))
-        return false;
-      if (v.get(key))
-        return fail(("duplicate key \"" + key + "\"").c_str());
-      if (!consume(':'))
-        return fail("expected ':'");
-      v.object.emplace_back(std::move(key), JsonValue());
-      if (!parseValue(v.object.back().second, depth + 1))
-        return false;
-    } while (consume(','));
-    return consume('}') || fail("expected ',' or '}'");
-  }
-
-  bool parseArray(JsonValue &v, int depth) {
-    v.kind = JsonValue::Kind::Array;
-    ++pos;
-    if (consume(']'))
-      return true;
-    do {
-      v.array.emplace_back();
-      if (!parseValue(v.array.back(), depth + 1))
-        return false;
-    } while (consume(','));
-    return consume(']') || fail("expected ',' or ']'");
-  }
-
-  bool parseNumber(JsonValue &v) {
-    size_t start = pos;
-    auto digits = [&] {
-      size_t first = pos;
-      while (pos < s.size() && s[pos] >= '0' && s[pos] <= '9')
-        ++pos;
-      return pos > first;
-    };
-    if (pos < s.size() && s[pos] == '-')
-      ++pos;
-    if (pos < s.size() && s[pos] == '0')
-      ++pos;
-    else if (!digits())
-      return fail("invalid value");
-    if (pos < s.size() && s[pos] == '.' && (++pos, !digits()))
-      return fail("invalid number");
-    if (pos < s.size() && (s[pos] == 'e' || s[pos] == 'E')) {
-      ++pos;
-      if (pos < s.size() && (s[pos] == '+' || s[pos] == '-'))
-        ++pos;
-      if (!digits())
-        return fail("invalid number");
-    }
+  bool number(std::string literal) {
+    JsonValue v;
     v.kind = JsonValue::Kind::Number;
-    v.text = std::string(s.substr(start, pos - start));
+    v.text = std::move(literal);
+    return add(std::move(v));
+  }
+  /// Places `v` in the innermost open container (or as the document).
+  bool add(JsonValue v) {
+    if (stack.empty()) {
+      root = std::move(v);
+      return true;
+    }
+    JsonValue &parent = stack.back().value;
+    if (parent.kind == JsonValue::Kind::Array)
+      parent.array.push_back(std::move(v));
+    else
+      parent.object.emplace_back(std::move(stack.back().key), std::move(v));
     return true;
   }
-
-  bool hex4(uint32_t &out) {
-    out = 0;
-    for (int i = 0; i < 4; ++i, ++pos) {
-      if (pos == s.size())
-        return fail("unterminated \\u escape");
-      char c = s[pos];
-      int d = c >= '0' && c <= '9'   ? c - '0'
-              : c >= 'a' && c <= 'f' ? c - 'a' + 10
-              : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                     : -1;
-      if (d < 0)
-        return fail("invalid \\u escape");
-      out = out * 16 + d;
-    }
+  bool open(JsonValue::Kind kind) {
+    if (stack.size() > kMaxDepth)
+      return fail("JSON nested too deeply", 1); // at the bracket itself
+    stack.emplace_back();
+    stack.back().value.kind = kind;
     return true;
   }
-
-  static void appendUtf8(std::string &out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xC0 | cp >> 6);
-      out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += char(0xE0 | cp >> 12);
-      out += char(0x80 | (cp >> 6 & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    } else {
-      out += char(0xF0 | cp >> 18);
-      out += char(0x80 | (cp >> 12 & 0x3F));
-      out += char(0x80 | (cp >> 6 & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    }
+  bool close() {
+    JsonValue v = std::move(stack.back().value);
+    stack.pop_back();
+    return add(std::move(v));
   }
 
-  bool parseString(std::string &out) {
-    ++pos; // the opening quote
-    while (true) {
-      if (pos == s.size())
-        return fail("unterminated string");
-      char c = s[pos++];
-      if (c == '"')
-        return true;
-      if (static_cast<unsigned char>(c) < 0x20)
-        return fail("control character in string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (pos == s.size())
-        return fail("unterminated string");
-      switch (char e = s[pos++]) {
-      case '"':
-      case '\\':
-      case '/':
-        out += e;
-        break;
-      case 'b':
-        out += '\b';
-        break;
-      case 'f':
-        out += '\f';
-        break;
-      case 'n':
-        out += '\n';
-        break;
-      case 'r':
-        out += '\r';
-        break;
-      case 't':
-        out += '\t';
-        break;
-      case 'u': {
-        uint32_t cp;
-        if (!hex4(cp))
-          return false;
-        if (cp >= 0xDC00 && cp < 0xE000)
-          return fail("unpaired surrogate in \\u escape");
-        if (cp >= 0xD800 && cp < 0xDC00) {
-          uint32_t low;
-          if (s.substr(pos, 2) != "\\u" || (pos += 2, !hex4(low)) ||
-              low < 0xDC00 || low >= 0xE000)
-            return fail("unpaired surrogate in \\u escape");
-          cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-        }
-        appendUtf8(out, cp);
-        break;
-      }
-      default:
-        return fail("invalid escape in string");
-      }
-    }
-  }
+  const size_t *read;
+  std::vector<Open> stack;
 };
 
 } // namespace
 
 Expected<JsonValue> fastllm::rt::parseJson(std::string_view text) {
-  return Parser(text).parseDocument();
+  size_t read = 0;
+  const char *begin = text.data(), *end = begin + text.size();
+  TreeBuilder builder(&read);
+  bool ok = Json::sax_parse(CountingIterator(begin, begin, &read),
+                            CountingIterator(end, begin, &read), &builder,
+                            nlohmann::detail::input_format_t::json,
+                            /*strict=*/true, /*ignore_comments=*/false);
+  if (!ok)
+    return Status::error(builder.error.empty() ? "invalid JSON"
+                                               : builder.error);
+  return std::move(builder.root);
 }
 
 std::string fastllm::rt::jsonQuote(std::string_view s) {

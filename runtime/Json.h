@@ -1,8 +1,11 @@
-//===- Json.h - the JSON subset the runtime reads and writes ----*- C++ -*-===//
+//===- Json.h - the JSON the runtime reads and writes -----------*- C++ -*-===//
 //
 // Safetensors headers are JSON, and they come from files the user hands us:
 // the parser must reject anything malformed with a message, never crash, and
 // keep integers exact (byte offsets do not fit a double's mantissa in general).
+// Parsing is nlohmann-json's (Debian's nlohmann-json3-dev, header-only, used
+// in Json.cpp only so that this header stays plain C++17 for the generated
+// training binaries); this file adds the runtime's checks on top.
 //
 //===----------------------------------------------------------------------===//
 
@@ -37,9 +40,11 @@ struct JsonValue {
   std::optional<uint64_t> asUint64() const;
 };
 
-/// Parses one JSON document (surrounding whitespace allowed). Errors give the
-/// byte position; nesting deeper than 64 levels is an error, not a stack
-/// overflow.
+/// Parses one JSON document (surrounding whitespace allowed, nothing else
+/// after it). Errors give the byte position; a duplicate key in an object is
+/// an error; strings must be valid UTF-8; containers nested more than 65
+/// deep are an error, not a stack overflow. Time and memory are linear in
+/// the text's length.
 Expected<JsonValue> parseJson(std::string_view text);
 
 /// `s` as a JSON string literal, quotes included.

@@ -68,7 +68,58 @@ TEST(Json, RejectsMalformedText) {
   Expected<JsonValue> deep = parseJson(std::string(100000, '['));
   ASSERT_FALSE(deep.ok());
   EXPECT_EQ(deep.status().message(), "JSON nested too deeply at byte 65");
-  EXPECT_EQ(parseJson("[1,]").status().message(), "invalid value at byte 3");
+  EXPECT_EQ(parseJson(std::string(100000, '{')).status().message(),
+            "syntax error while parsing object key - unexpected '{'; "
+            "expected string literal at byte 1");
+  std::string objects;
+  for (int i = 0; i < 100000; ++i)
+    objects += "{\"a\":";
+  EXPECT_EQ(parseJson(objects).status().message(),
+            "JSON nested too deeply at byte 325");
+  // 65 levels are allowed, as before.
+  EXPECT_TRUE(parseJson(std::string(65, '[') + std::string(65, ']')).ok());
+  EXPECT_EQ(parseJson("[1,]").status().message(),
+            "syntax error while parsing value - unexpected ']'; expected '[', "
+            "'{', or a literal at byte 3");
+  EXPECT_EQ(parseJson("{\"a\":1,\n \"a\":2}").status().message(),
+            "duplicate key \"a\" at byte 12");
+  // Strings must be UTF-8; trailing data is an error.
+  EXPECT_FALSE(parseJson("\"\xff\"").ok());
+  EXPECT_FALSE(parseJson("\"\xc3\"").ok());
+  EXPECT_FALSE(parseJson("[] []").ok());
+}
+
+/// Errors name the byte at which the parser found the problem.
+TEST(Json, ErrorsNameTheOffendingByte) {
+  for (auto [text, at] : std::vector<std::pair<const char *, const char *>>{
+           {"[1 2]", "unexpected number literal; expected ']' at byte 3"},
+           {"{\"a\" 1}", "unexpected number literal; expected ':' at byte 5"},
+           {"[\"ok\", \"\\x\"]", "invalid string: forbidden character "
+                                 "after backslash; last read: "
+                                 "'\"\\x' at byte 9"},
+           {"[tru]", "invalid literal; last read: '[tru]' at byte 4"},
+           {"{} x", "expected end of input at byte 3"},
+           {"[1", "unexpected end of input; expected ']' at byte 2"}}) {
+    std::string message = parseJson(text).status().message();
+    std::string end = at;
+    EXPECT_TRUE(message.size() >= end.size() &&
+                message.compare(message.size() - end.size(), end.size(), end) ==
+                    0)
+        << text << ": " << message;
+  }
+}
+
+TEST(Json, IntegersAreExactOrRefused) {
+  // Offsets beyond 2^53 survive exactly; anything but a plain non-negative
+  // integer literal is not an unsigned integer.
+  EXPECT_EQ(parseJson("9007199254740993")->asUint64(), 9007199254740993u);
+  for (const char *notUint : {"-1", "-0", "1.0", "1e3", "0.5", "1E+2",
+                              "99999999999999999999", "\"7\"", "true"})
+    EXPECT_FALSE(parseJson(notUint)->asUint64()) << notUint;
+  // Numbers keep their literal (the metrics tests compare them as text).
+  EXPECT_EQ(parseJson("1.2345678901234567e-05")->text,
+            "1.2345678901234567e-05");
+  EXPECT_EQ(parseJson("-42")->text, "-42");
 }
 
 TEST(Safetensors, RoundTripsTensorsAndMetadata) {
@@ -164,7 +215,8 @@ TEST(Safetensors, RejectsMalformedHeaders) {
     const char *error;
   } cases[] = {
       {R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4])",
-       "malformed safetensors header: expected ',' or '}' at byte 59"},
+       "malformed safetensors header: syntax error while parsing object - "
+       "unexpected end of input; expected '}' at byte 59"},
       {"[1, 2]", "malformed safetensors header: not a JSON object"},
       {R"({"x": 3})", "tensor 'x' is not a JSON object"},
       {R"({"x": {"shape": [1], "data_offsets": [0, 4]}})",
