@@ -51,7 +51,7 @@
 
 namespace fastllm::rt {
 
-constexpr int32_t kAbiVersion = 6;
+constexpr int32_t kAbiVersion = 7;
 constexpr int kMaxRank = 8;
 
 struct ParamInfo {

@@ -58,7 +58,7 @@ module attributes {plan.data = #plan.data<{batch_size = 2 : i64, seq_len = 3 : i
 // -----
 
 // expected-error @+1 {{'plan.traffic' is not a plan traffic: unknown field 'all_reduce_bytes'}}
-module attributes {plan.traffic = #plan.traffic<{all_reduce_bytes = 0 : i64, all_gather_bytes_per_micro_batch = 0 : i64, all_gather_bytes_per_step = 0 : i64, reduce_scatter_bytes_per_micro_batch = 0 : i64, reduce_scatter_bytes_per_step = 0 : i64}>} {
+module attributes {plan.traffic = #plan.traffic<{bf16_flops_per_micro_batch = 0 : i64, flops_per_micro_batch = 0 : i64, all_reduce_bytes = 0 : i64, all_gather_bytes_per_micro_batch = 0 : i64, all_gather_bytes_per_step = 0 : i64, reduce_scatter_bytes_per_micro_batch = 0 : i64, reduce_scatter_bytes_per_step = 0 : i64}>} {
   model.parameter @w : tensor<4xf32>
 }
 
@@ -79,7 +79,7 @@ module attributes {plan.traffic = {all_gather_bytes_per_micro_batch = 0 : i64, a
 // -----
 
 // expected-error @+1 {{'plan.traffic' belongs on the module}}
-model.parameter @w : tensor<4xf32> {plan.traffic = #plan.traffic<{all_gather_bytes_per_micro_batch = 0 : i64, all_gather_bytes_per_step = 0 : i64, reduce_scatter_bytes_per_micro_batch = 0 : i64, reduce_scatter_bytes_per_step = 0 : i64}>}
+model.parameter @w : tensor<4xf32> {plan.traffic = #plan.traffic<{bf16_flops_per_micro_batch = 0 : i64, flops_per_micro_batch = 0 : i64, all_gather_bytes_per_micro_batch = 0 : i64, all_gather_bytes_per_step = 0 : i64, reduce_scatter_bytes_per_micro_batch = 0 : i64, reduce_scatter_bytes_per_step = 0 : i64}>}
 
 // -----
 
