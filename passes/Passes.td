@@ -184,7 +184,10 @@ def PlanMemoryPass : Pass<"fastllm-plan-memory", "ModuleOp"> {
     - ZeRO-1 and 2: the full weights (ZeRO-3: the weight slots); ZeRO-1: the
       full gradients (ZeRO-2/3: the gradient slots, reduced in place); this rank's 1/dp shards of
       the fp32 master weights, AdamW moments and reduced gradients;
-    - the token and target inputs (the first two integer arguments);
+    - the token and target inputs (the step's two integer arguments; the
+      token ids index an embedding table, the targets label a loss, or the
+      `input-tokens` / `input-targets` options name them by their exported
+      names where the graph cannot tell);
     - every other tensor an op produces gets a byte offset in the activation
       region, assigned from liveness so that values whose lifetimes do not
       overlap share memory (greedy by size, first fit); `model.reshape`
@@ -197,6 +200,12 @@ def PlanMemoryPass : Pass<"fastllm-plan-memory", "ModuleOp"> {
     arena's total. Every region and buffer is aligned to the `alignment`
     fastllm-zero-layout chose (one option, recorded in the plan).
   }];
+  let options = [
+    Option<"inputTokens", "input-tokens", "std::string", /*default=*/"\"\"",
+           "Name of the input holding the token ids (default: from the graph)">,
+    Option<"inputTargets", "input-targets", "std::string", /*default=*/"\"\"",
+           "Name of the input holding the targets (default: from the graph)">,
+  ];
 }
 
 def PrepareEmissionPass : Pass<"fastllm-prepare-emission", "ModuleOp"> {

@@ -126,7 +126,10 @@ void mlir::fastllm::buildTrainingPipeline(
   pm.addPass(createCountTrafficPass());
   pm.addPass(createFuseGradAccumulationPass());
   pm.addPass(createFuseElementwisePass());
-  pm.addPass(createPlanMemoryPass());
+  PlanMemoryPassOptions plan;
+  forward(plan.inputTokens, options.inputTokens);
+  forward(plan.inputTargets, options.inputTargets);
+  pm.addPass(createPlanMemoryPass(plan));
   pm.addPass(createPrepareEmissionPass());
 }
 

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ir/Plan.h"
+#include "passes/InputRoles.h"
 #include "passes/Passes.h"
 #include "passes/Zero.h"
 
@@ -184,21 +185,16 @@ static LogicalResult addressParameters(ModuleOp module, func::FuncOp step,
   return success();
 }
 
-/// The token and target inputs: the step's two integer arguments.
+/// The token and target inputs: the step's two integer arguments, their
+/// roles from the graph or the pass's input-tokens / input-targets.
 static LogicalResult placeInputs(func::FuncOp step, MemoryPlan &plan,
-                                 Arena &arena) {
-  SmallVector<int64_t> intArgs;
-  for (BlockArgument arg : step.getArguments()) {
-    auto t = dyn_cast<RankedTensorType>(arg.getType());
-    if (t && isa<IntegerType>(t.getElementType()))
-      intArgs.push_back(arg.getArgNumber());
-  }
-  if (intArgs.size() != 2 || step.getNumArguments() != 2)
-    return step.emitError("the training step must take exactly two integer "
-                          "inputs (tokens and targets), got ")
-           << step.getFunctionType().getInputs();
-  plan.tokensArg = intArgs[0];
-  plan.targetsArg = intArgs[1];
+                                 Arena &arena, StringRef tokensName,
+                                 StringRef targetsName) {
+  FailureOr<InputRoles> roles = assignInputRoles(step, tokensName, targetsName);
+  if (failed(roles))
+    return failure();
+  plan.tokensArg = roles->tokens;
+  plan.targetsArg = roles->targets;
   plan.tokensOffset =
       arena.place(bytesOf(step.getArgument(plan.tokensArg).getType()));
   plan.targetsOffset =
@@ -284,7 +280,7 @@ void PlanMemoryPass::runOnOperation() {
   }
   placeParameterRegions(plan, arena);
   if (failed(addressParameters(module, step, plan)) ||
-      failed(placeInputs(step, plan, arena)))
+      failed(placeInputs(step, plan, arena, inputTokens, inputTargets)))
     return signalPassFailure();
   placeActivations(step, plan, arena);
   plan.set(module, PlanPart::Arena);

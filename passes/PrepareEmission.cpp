@@ -48,10 +48,21 @@ FailureOr<int64_t> vocabularyBound(func::FuncOp step, Value tokens,
         bound(cast<RankedTensorType>(gather.getInput().getType())
                   .getDimSize(gather.getDim()));
   });
-  if (vocab < 0)
-    return step.emitError("cannot tell the vocabulary size: no loss on the "
-                          "targets and no gather of the tokens"),
-           failure();
+  if (vocab < 0) {
+    InFlightDiagnostic d =
+        step.emitError("cannot tell the vocabulary size: no loss on the "
+                       "targets and no gather of the tokens");
+    auto name = [&](Value input) -> std::string {
+      unsigned i = cast<BlockArgument>(input).getArgNumber();
+      auto n = step.getArgAttrOfType<StringAttr>(i, "model.name");
+      return n ? n.getValue().str() : "arg" + std::to_string(i);
+    };
+    d.attachNote() << "the inputs were taken in their order: tokens '"
+                   << name(tokens) << "', targets '" << name(targets)
+                   << "'; if that is wrong, name them with --input-tokens "
+                      "and --input-targets";
+    return failure();
+  }
   return vocab;
 }
 } // namespace

@@ -101,6 +101,13 @@ fastllm::DriverContext::DriverContext()
         return success();
       }) {
   context.loadAllAvailableDialects();
+  // A user's error is a line with a location and perhaps a note, not the
+  // whole function's IR: the op is printed only when asked for
+  // (--mlir-print-op-on-diagnostic, where the subcommand registers it).
+  auto &options = cl::getRegisteredOptions();
+  auto it = options.find("mlir-print-op-on-diagnostic");
+  if (it == options.end() || !it->second->getNumOccurrences())
+    context.printOpOnDiagnostic(false);
 }
 
 static int importMain(int argc, char **argv) {
