@@ -169,6 +169,11 @@ static int importMain(int argc, char **argv) {
   return 0;
 }
 
+namespace mlir::fastllm {
+/// `fastllm-opt consolidate ...` (tools/Consolidate.cpp).
+int consolidateMain(int argc, char **argv);
+} // namespace mlir::fastllm
+
 int main(int argc, char **argv) {
   InitLLVM y(argc, argv);
   cl::SetVersionPrinter(fastllm::printVersion);
@@ -187,6 +192,11 @@ int main(int argc, char **argv) {
     std::string name = std::string(argv[0]) + " data";
     argv[1] = name.data();
     return fastllm::dataMain(argc - 1, argv + 1);
+  }
+  if (argc > 1 && StringRef(argv[1]) == "consolidate") {
+    std::string name = std::string(argv[0]) + " consolidate";
+    argv[1] = name.data();
+    return fastllm::consolidateMain(argc - 1, argv + 1);
   }
   if (argc > 1 && StringRef(argv[1]) == "translate") {
     std::string name = std::string(argv[0]) + " translate";
@@ -217,6 +227,8 @@ int main(int argc, char **argv) {
       "      build the training program (see `fastllm-opt compile --help`)\n"
       "  fastllm-opt data TEXT... -o TOKENS [--jsonl-field NAME]\n"
       "      text to a token file for `train --data` (`data --help`)\n"
+      "  fastllm-opt consolidate CKPT [-o weights.safetensors] [--step N]\n"
+      "      a sharded checkpoint to one weights file (`consolidate --help`)\n"
       "  fastllm-opt translate --fastllm-to-cpu|--fastllm-to-cuda "
       "PLANNED.mlir\n"
       "      print the step's C++ of a planned module (`translate --help`)\n"
