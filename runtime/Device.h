@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace fastllm::rt {
 
@@ -25,6 +26,14 @@ const char *deviceTarget();
 /// The device as the plan line shows it: the target, and for the CUDA
 /// emulation that it is emulated (and how).
 const char *deviceDescription();
+
+/// The device's name as its driver gives it (CUDA: "NVIDIA H100 80GB HBM3"),
+/// for the peak TFLOP/s table; "" on the CPU and under the CUDA emulation.
+std::string deviceName();
+
+/// Device memory in use now on this rank's GPU (its total minus its free
+/// memory, other processes' included), or -1 on the CPU, which has none.
+int64_t deviceMemoryInUse();
 
 /// Prepares the device for the process that is local rank `localRank` on
 /// its machine (CUDA: picks GPU localRank % count). An error names what is

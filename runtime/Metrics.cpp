@@ -4,6 +4,7 @@
 
 #include "runtime/OutputFile.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -42,7 +43,41 @@ std::string fastllm::rt::metricsJson(const StepRecord &r) {
          ", \"reduce_scatter_bytes\": " + std::to_string(r.reduceScatterBytes) +
          ", \"all_gather_bytes\": " + std::to_string(r.allGatherBytes) +
          ", \"all_reduce_bytes\": " + std::to_string(r.allReduceBytes) +
-         ", \"skipped\": " + (r.skipped ? "true" : "false") + "}";
+         ", \"skipped\": " + (r.skipped ? "true" : "false") +
+         ", \"tokens\": " + std::to_string(r.tokens) +
+         ", \"flops_per_step\": " + number(r.flopsPerStep, "%.0f") +
+         ", \"model_tflops\": " + number(r.modelTflops, "%.6g") +
+         (r.mfu >= 0 ? ", \"mfu\": " + number(r.mfu, "%.6g") : "") +
+         ", \"arena_bytes\": " + std::to_string(r.arenaBytes) +
+         (r.rssPeakBytes >= 0
+              ? ", \"rss_peak_bytes\": " + std::to_string(r.rssPeakBytes)
+              : "") +
+         (r.deviceMemBytes >= 0
+              ? ", \"device_mem_bytes\": " + std::to_string(r.deviceMemBytes)
+              : "") +
+         (r.hasValLoss ? ", \"val_loss\": " + number(r.valLoss, "%.9g") : "") +
+         ", \"time\": \"" + r.timestamp + "\"}";
+}
+
+double fastllm::rt::defaultPeakTflops(const std::string &device, double flops,
+                                      double bf16Flops) {
+  struct Peak {
+    const char *has, *hasNot;
+    double bf16, fp32;
+  };
+  // Dense (no sparsity) peaks from NVIDIA's data sheets, TFLOP/s. fp32
+  // matmuls run in full fp32 (CUBLAS_COMPUTE_32F), not TF32.
+  static const Peak kPeaks[] = {{"H200", nullptr, 989.4, 66.9},
+                                {"H100 PCIe", nullptr, 756.0, 51.2},
+                                {"H100", "NVL", 989.4, 66.9},
+                                {"A100", nullptr, 312.0, 19.5}};
+  for (const Peak &p : kPeaks)
+    if (device.find(p.has) != std::string::npos &&
+        !(p.hasNot && device.find(p.hasNot) != std::string::npos)) {
+      double seconds = bf16Flops / p.bf16 + (flops - bf16Flops) / p.fp32;
+      return seconds > 0 ? flops / seconds : p.fp32;
+    }
+  return 0;
 }
 
 std::string fastllm::rt::formatDuration(double seconds) {
@@ -56,12 +91,20 @@ std::string fastllm::rt::formatDuration(double seconds) {
 std::string fastllm::rt::logLine(const StepRecord &r, int64_t totalSteps,
                                  double etaSeconds) {
   int width = int(std::to_string(totalSteps).size());
-  char buf[256];
+  char buf[512];
+  char mfu[32] = "";
+  if (r.mfu >= 0)
+    std::snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100 * r.mfu);
+  int64_t mem = r.deviceMemBytes >= 0 ? r.deviceMemBytes : r.rssPeakBytes;
   std::snprintf(buf, sizeof(buf),
-                "step %*lld/%lld | loss %.6f | lr %.2e | grad_norm %.4g | "
-                "%.0f tok/s | %.1f ms | ETA %s",
-                width, (long long)r.step, (long long)totalSteps, r.loss, r.lr,
-                r.gradNorm, r.tokensPerSecond, r.stepMs,
+                "%s step %*lld/%lld | loss %.6f | lr %.2e | grad_norm %.4g | "
+                "%lld tok | %.0f tok/s | %.3g TFLOP/s%s | %s %.1f MiB | "
+                "%.1f ms | ETA %s",
+                r.clock.c_str(), width, (long long)r.step,
+                (long long)totalSteps, r.loss, r.lr, r.gradNorm,
+                (long long)r.tokens, r.tokensPerSecond, r.modelTflops, mfu,
+                r.deviceMemBytes >= 0 ? "gpu mem" : "peak rss",
+                double(std::max<int64_t>(mem, 0)) / 1048576.0, r.stepMs,
                 formatDuration(etaSeconds).c_str());
   if (r.skipped)
     return std::string(buf) +

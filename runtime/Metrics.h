@@ -32,14 +32,33 @@ struct StepRecord {
   int64_t reduceScatterBytes = 0, allGatherBytes = 0, allReduceBytes = 0;
   /// The global gradient norm was not finite: nothing was updated.
   bool skipped = false;
+  int64_t tokens = 0;          ///< consumed since step 0, all ranks: step*G*T
+  double flopsPerStep = 0;     ///< the plan's model FLOPs of a global step
+  double modelTflops = 0;      ///< per rank: its FLOPs / step time / 1e12
+  double mfu = -1;             ///< modelTflops / peak; < 0: no peak known
+  int64_t arenaBytes = 0;      ///< the plan's arena
+  int64_t rssPeakBytes = -1;   ///< the process's peak RSS (CPU); < 0: none
+  int64_t deviceMemBytes = -1; ///< device memory in use (CUDA); < 0: none
+  std::string timestamp;       ///< ISO 8601 UTC, when the step ended
+  std::string clock;           ///< local wall-clock hh:mm:ss, for the log
+  double valLoss = 0;          ///< the validation loss after this step,
+  bool hasValLoss = false;     ///< when it was evaluated
 };
+
+/// The peak TFLOP/s of `device` (a CUDA device name) for a step of `flops`
+/// of which `bf16Flops` are bf16: each precision's dense peak, weighted by
+/// the time its FLOPs would take at that peak. 0 for a device not in the
+/// table (H100 SXM and PCIe, H200, A100).
+double defaultPeakTflops(const std::string &device, double flops,
+                         double bf16Flops);
 
 /// One JSON object, without a newline: the loss with %.9g (float precision),
 /// lr and grad_norm exactly (shortest round trip). Non-finite values are
 /// written as NaN/Infinity, which Python's json module reads.
 std::string metricsJson(const StepRecord &r);
 
-/// `step   12/300 | loss 5.123456 | lr 1.00e-03 | ... | ETA 0:01:23`.
+/// `step   12/300 | loss 5.123456 | lr 1.00e-03 | ... | ETA 0:01:23`, with
+/// the tokens so far, TFLOP/s, MFU (when known), memory and the time.
 std::string logLine(const StepRecord &r, int64_t totalSteps, double etaSeconds);
 
 /// h:mm:ss.

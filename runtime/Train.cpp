@@ -21,10 +21,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
@@ -159,6 +161,33 @@ Status truncateMetrics(const std::string &path, int64_t step) {
 
 using Clock = std::chrono::steady_clock;
 
+/// The process's peak resident set so far, in bytes.
+int64_t peakRssBytes() {
+  struct rusage usage;
+  if (getrusage(RUSAGE_SELF, &usage) != 0)
+    return -1;
+  return int64_t(usage.ru_maxrss) * 1024; // Linux: KiB
+}
+
+/// Now as ISO 8601 UTC with milliseconds, and as local hh:mm:ss.
+void stampTime(StepRecord &r) {
+  auto now = std::chrono::system_clock::now();
+  std::time_t t = std::chrono::system_clock::to_time_t(now);
+  long ms = long(std::chrono::duration_cast<std::chrono::milliseconds>(
+                     now.time_since_epoch())
+                     .count() %
+                 1000);
+  std::tm utc, local;
+  gmtime_r(&t, &utc);
+  localtime_r(&t, &local);
+  char buf[64], iso[80];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &utc);
+  std::snprintf(iso, sizeof(iso), "%s.%03ldZ", buf, ms);
+  r.timestamp = iso;
+  std::strftime(buf, sizeof(buf), "%H:%M:%S", &local);
+  r.clock = buf;
+}
+
 std::string planSummary(const PlanInfo &plan, const Options &opts) {
   ParamCounts counts = countParams(plan);
   char buf[512];
@@ -207,6 +236,15 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                       plan.vocabSize, opts.dataDtypeGiven);
   if (!data)
     return data.status();
+  std::optional<TokenFile> valData;
+  if (!opts.valDataPath.empty()) {
+    Expected<TokenFile> val =
+        TokenFile::open(opts.valDataPath, opts.dataDtype, plan.seqLen,
+                        plan.vocabSize, opts.dataDtypeGiven);
+    if (!val)
+      return Status::error("--val-data: " + val.status().message());
+    valData = std::move(*val);
+  }
   // Where the run will write, before anything is loaded or computed.
   for (Status s : {checkOutputPath("metrics", opts.metricsPath),
                    checkOutputPath("dump-grads", opts.dumpGradsPath),
@@ -364,6 +402,51 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   // ranks.
   const float gradScale = 1.0f / float(opts.gradAccum * dp);
   zero.setGradScale(gradScale);
+
+  // Throughput: the plan's FLOPs, per rank and for the global step, and the
+  // peak MFU divides by (--peak-tflops, else the device's if known).
+  const double rankFlopsPerStep =
+      double(plan.flopsPerMicroBatch) * double(opts.gradAccum);
+  const double peakTflops =
+      opts.peakTflops > 0
+          ? opts.peakTflops
+          : defaultPeakTflops(deviceName(), double(plan.flopsPerMicroBatch),
+                              double(plan.bf16FlopsPerMicroBatch));
+
+  // Validation: the mean loss over opts.evalSteps global batches of the
+  // validation file, drawn like training batches at validation steps
+  // 0..K-1, so every evaluation sees the same ones. The step runs forward
+  // and backward; its gradients are zeroed again and nothing is updated, so
+  // training goes on exactly as without it.
+  std::optional<Sampler> valSampler;
+  if (valData)
+    valSampler.emplace(opts.sampler, opts.seed, valData->size(), plan.seqLen,
+                       plan.batchSize, opts.gradAccum, dp);
+  auto evaluate = [&]() {
+    double sum = 0;
+    for (int64_t k = 0; k < opts.evalSteps; ++k)
+      for (int64_t micro = 0; micro < opts.gradAccum; ++micro) {
+        synchronizeDevice();
+        fillMicroBatch(*valData, *valSampler, k, rank, micro, tokens, targets);
+        // Dropout masks keyed apart from every training step (>= 0).
+        const StepContext context = {opts.seed, -1 - k,
+                                     valSampler->sampleIndex(rank, micro, 0)};
+        sum += step(arena->get(), zero.collectives(), &context);
+        synchronizeDevice();
+      }
+    if (plan.zeroStage == 1)
+      deviceFill(grads, plan.paramElements, 0.0f);
+    deviceFill(gradShard, shardElements(plan), 0.0f);
+    synchronizeDevice();
+    if (dp > 1) { // in rank order, as the training loss
+      std::vector<double> parts(dp);
+      comm.allGatherBytes(&sum, parts.data(), sizeof(double));
+      sum = 0;
+      for (double part : parts)
+        sum += part;
+    }
+    return sum / double(opts.evalSteps * opts.gradAccum * dp);
+  };
 
   // Writes step `at`'s checkpoint, refusing one that would hold a value that
   // is not finite (every rank counts its own and all learn the counts).
@@ -523,6 +606,22 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     record.allGatherBytes = comm.bytes().allGather - dumpGatherBytes;
     record.allReduceBytes = comm.bytes().allReduce;
     record.skipped = skipped;
+    record.tokens = (s + 1) * int64_t(tokensPerStep);
+    record.flopsPerStep = rankFlopsPerStep * double(dp);
+    record.modelTflops = rankFlopsPerStep / seconds / 1e12;
+    record.mfu = peakTflops > 0 ? record.modelTflops / peakTflops : -1;
+    record.arenaBytes = plan.arenaBytes;
+    record.deviceMemBytes = deviceMemoryInUse();
+    record.rssPeakBytes = record.deviceMemBytes < 0 ? peakRssBytes() : -1;
+    const bool evaluating = valData && !stopSignal &&
+                            (s + 1 == opts.steps ||
+                             (opts.evalEvery && (s + 1) % opts.evalEvery == 0));
+    Clock::time_point evalStart = Clock::now();
+    if (evaluating) {
+      record.valLoss = evaluate();
+      record.hasValLoss = true;
+    }
+    stampTime(record);
     if (!commFirst)
       commFirst = record;
     commVaries = commVaries ||
@@ -532,12 +631,24 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     if (metrics)
       if (Status st = metrics->append(record); !st.ok())
         return st;
-    if (log) {
+    const bool logged = s == 0 || (s + 1) % opts.logEvery == 0 ||
+                        s + 1 == opts.steps || skipped || stopSignal ||
+                        s == firstStep;
+    if (log && logged) {
       double eta =
           totalSeconds / double(s + 1 - firstStep) * double(opts.steps - s - 1);
       std::fprintf(log, "%s\n", logLine(record, opts.steps, eta).c_str());
-      std::fflush(log);
     }
+    if (log && evaluating)
+      std::fprintf(
+          log,
+          "%s eval after step %lld | val_loss %.6f | %lld batches of %lld "
+          "samples | %.1f s\n",
+          record.clock.c_str(), (long long)(s + 1), record.valLoss,
+          (long long)opts.evalSteps, (long long)sampler.globalBatch(),
+          std::chrono::duration<double>(Clock::now() - evalStart).count());
+    if (log)
+      std::fflush(log);
     lastStep = s + 1;
     if (skippedInARow >= opts.maxSkippedSteps)
       return errorf("the global gradient norm was not finite for %lld "

@@ -11,6 +11,10 @@ const char *fastllm::rt::deviceTarget() { return "cpu"; }
 
 const char *fastllm::rt::deviceDescription() { return "cpu"; }
 
+std::string fastllm::rt::deviceName() { return ""; }
+
+int64_t fastllm::rt::deviceMemoryInUse() { return -1; }
+
 Status fastllm::rt::initDevice(int) { return Status(); }
 
 Expected<Arena> fastllm::rt::allocateArena(int64_t bytes) {

@@ -38,6 +38,26 @@ const char *fastllm::rt::deviceDescription() {
 #endif
 }
 
+std::string fastllm::rt::deviceName() {
+#ifdef FASTLLM_CUDA_EMULATION
+  return "";
+#else
+  int device = 0;
+  cudaDeviceProp prop;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+    return "";
+  return prop.name;
+#endif
+}
+
+int64_t fastllm::rt::deviceMemoryInUse() {
+  size_t freeBytes = 0, total = 0;
+  if (cudaMemGetInfo(&freeBytes, &total) != cudaSuccess)
+    return -1;
+  return int64_t(total) - int64_t(freeBytes);
+}
+
 Status fastllm::rt::initDevice(int localRank) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
