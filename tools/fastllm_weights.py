@@ -1,0 +1,231 @@
+#!/usr/bin/python3
+"""Load fastllm-opt weights into PyTorch: a state_dict with PyTorch's names.
+
+    import sys; sys.path.insert(0, "/path/to/fastllm-opt/tools")
+    from fastllm_weights import load_state_dict
+    model.load_state_dict(load_state_dict("weights.safetensors", model))
+
+Reads the safetensors files fastllm-opt writes (`train --save-weights`,
+`fastllm-opt consolidate`, a compiled run's initial weights.safetensors) with
+the standard library and torch only: the format is an 8-byte little-endian
+header length, a JSON header naming each tensor's dtype, shape and byte range,
+then the raw little-endian data.
+
+Names. fastllm's parameters carry the ONNX initializer names, which are
+PyTorch's for an export made with tools/fastllm_export.py. With
+`torch.onnx.export`'s defaults (constant folding on) `compile` restores what
+it can and records the result in the weights themselves: a Linear weight the
+exporter replaced by a transposed copy under a generated name
+(`onnx::MatMul_N`) is stored under its module's name (`h.0.attn.c_attn.weight`)
+in PyTorch's [out, in] layout, a folded copy of another weight (a tied head) is
+read as a view of that weight and not stored twice, and parameters the
+exporter merged because their values were equal are stored one per name.
+(`compile` prints these decisions in its summary; nothing else about them is
+needed here.) What this loader does with `model` given:
+  - tied parameters (one tensor, several names in `model.state_dict()`, such
+    as `lm_head.weight` and `transformer.wte.weight`) get the one stored
+    tensor under every name; if the file holds different values for two
+    names of one tie, that is an error;
+  - buffers the file lacks (a causal mask) are taken from `model`: fastllm
+    keeps buffers constant, so the model's own values are the trained ones;
+  - every shape must be the model's;
+  - a tensor that still has a generated name (`onnx::...`: `compile` could
+    not tell its module; e.g. `wpe(arange(T))` folded into a constant
+    `onnx::Add_N`) is placed only with `initial=`, the compiled run's
+    weights.safetensors, and `model` holding the values it was exported
+    with: the one parameter whose value equals the tensor's initial value,
+    as stored or transposed (then transposed back), like the importer's
+    rule for folded copies; values all equal are never matched;
+  - any tensor still unplaced, or with a name the model lacks, and a
+    parameter of the model that the file lacks, are errors that name them:
+    such a weight cannot be placed without guessing (export with
+    tools/fastllm_export.py to keep every name).
+Without `model`, the file's tensors are returned under the file's names, with
+a warning listing generated names.
+"""
+import json
+import os
+import struct
+import warnings
+
+import torch
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+    "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+_MAX_HEADER = 100 << 20  # the reference implementation's limit
+
+
+class WeightsError(ValueError):
+    """The file is not valid safetensors, or does not fit the model."""
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise WeightsError(f"duplicate key {key!r} in the header")
+        out[key] = value
+    return out
+
+
+def _entry(path, name, e, data_bytes):
+    """(dtype, shape, begin, end) of header entry `name`, checked."""
+    def bad(what):
+        return WeightsError(f"{path}: tensor {name!r} {what}")
+    if not isinstance(e, dict):
+        raise bad("is not a JSON object")
+    dtype = _DTYPES.get(e.get("dtype"))
+    if dtype is None:
+        raise bad(f"has dtype {e.get('dtype')!r}, not one of {sorted(_DTYPES)}")
+    shape, offsets = e.get("shape"), e.get("data_offsets")
+    if not isinstance(shape, list) or not all(
+            type(d) is int and d >= 0 for d in shape):
+        raise bad("has no shape of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2
+            and all(type(o) is int for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= data_bytes):
+        raise bad(f"has data_offsets {offsets!r}, not a range within the "
+                  f"{data_bytes} data bytes")
+    numel = 1
+    for d in shape:
+        numel *= d
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if numel * itemsize != offsets[1] - offsets[0]:
+        raise bad(f"has {offsets[1] - offsets[0]} data bytes, which do not "
+                  f"hold {e['dtype']} of shape {shape}")
+    return dtype, shape, offsets[0], offsets[1]
+
+
+def read_safetensors(path):
+    """(tensors, metadata): the file's tensors by name, in file order, and its
+    __metadata__ (a dict of strings). Raises WeightsError on a malformed
+    file."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise WeightsError(f"{path}: not a safetensors file (too short)")
+        (header_bytes,) = struct.unpack("<Q", f.read(8))
+        if header_bytes > min(size - 8, _MAX_HEADER):
+            raise WeightsError(f"{path}: not a safetensors file (header length "
+                               f"{header_bytes} does not fit its {size} bytes)")
+        try:
+            header = json.loads(f.read(header_bytes).decode("utf-8"),
+                                object_pairs_hook=_no_duplicates)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise WeightsError(f"{path}: malformed safetensors header: {e}")
+        if not isinstance(header, dict):
+            raise WeightsError(f"{path}: the header is not a JSON object")
+        metadata = header.pop("__metadata__", {})
+        if not isinstance(metadata, dict):
+            raise WeightsError(f"{path}: __metadata__ is not a JSON object")
+        data_bytes = size - 8 - header_bytes
+        tensors = {}
+        for name, e in header.items():
+            dtype, shape, begin, end = _entry(path, name, e, data_bytes)
+            f.seek(8 + header_bytes + begin)
+            raw = bytearray(f.read(end - begin))
+            if len(raw) != end - begin:
+                raise WeightsError(f"{path}: tensor {name!r} ends past the file")
+            t = (torch.frombuffer(raw, dtype=dtype) if raw
+                 else torch.empty(0, dtype=dtype))
+            tensors[name] = t.reshape(shape)
+    return tensors, metadata
+
+
+def _ties(model):
+    """Each name of model.state_dict() -> the names sharing its tensor."""
+    groups = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(t), []).append(name)
+    return {n: g for g in groups.values() for n in g}
+
+
+def _match_generated(tensors, initial_path, model, path):
+    """Renames tensors under generated names to the model's parameter whose
+    current value is exactly the tensor's value in `initial_path` (the
+    compiled run's weights.safetensors), as stored or transposed (then the
+    trained tensor is transposed back). `model` must hold the values it was
+    exported with. A name with no such parameter, or several, stays."""
+    initial, _ = read_safetensors(initial_path)
+    own = model.state_dict()
+    taken = set(tensors)
+    for name in [n for n in tensors if n.startswith("onnx::")]:
+        start = initial.get(name)
+        if start is None or start.numel() < 2 or bool((start == start.flatten()[0]).all()):
+            continue  # equal elements say nothing about identity
+        found = []
+        for pname, value in own.items():
+            if pname in taken or not value.is_floating_point():
+                continue
+            if value.shape == start.shape and torch.equal(value, start.to(value.dtype)):
+                found.append((pname, False))
+            elif (value.dim() == 2 and value.t().shape == start.shape
+                  and torch.equal(value.t(), start.to(value.dtype))):
+                found.append((pname, True))
+        if len(found) == 1:
+            pname, transposed = found[0]
+            t = tensors.pop(name)
+            tensors[pname] = t.t().contiguous() if transposed else t
+            taken.add(pname)
+
+
+def load_state_dict(path, model=None, initial=None):
+    """The tensors of fastllm-opt weights file `path` as a state_dict.
+
+    With `model` (a torch.nn.Module), the result has exactly the keys of
+    `model.state_dict()`, ready for `model.load_state_dict(...)` (strict):
+    tied names share the stored tensor, buffers missing from the file come
+    from `model`, and anything that cannot be placed raises WeightsError
+    naming it (see the module docstring). `initial`, the compiled run's
+    weights.safetensors, with `model` still holding the values it was
+    exported with, places tensors under generated names too: by their
+    initial values, as the importer ties folded copies."""
+    tensors, _ = read_safetensors(path)
+    if model is not None and initial is not None:
+        _match_generated(tensors, initial, model, path)
+    generated = sorted(n for n in tensors if n.startswith("onnx::"))
+    if model is None:
+        if generated:
+            warnings.warn(f"{path}: {len(generated)} tensor(s) under the "
+                          f"exporter's generated names, which no PyTorch "
+                          f"module has: {', '.join(generated)}")
+        return dict(tensors)
+
+    own = model.state_dict()
+    ties = _ties(model)
+    parameters = {n for n, t in model.state_dict(keep_vars=True).items()
+                  if isinstance(t, torch.nn.Parameter)}
+    unknown = [n for n in tensors if n not in own]
+    if unknown:
+        raise WeightsError(
+            f"{path}: tensor(s) the model has no name for: "
+            f"{', '.join(unknown)}"
+            + (" (generated names: constant folding removed their PyTorch "
+               "names and `compile` could not tell their module; pass "
+               "initial=RUN/weights.safetensors with the model as exported to "
+               "place them by value, or export with tools/fastllm_export.py "
+               "to keep every name)"
+               if generated else ""))
+    out = {}
+    for name, t in tensors.items():
+        if tuple(t.shape) != tuple(own[name].shape):
+            raise WeightsError(f"{path}: tensor {name!r} has shape "
+                               f"{list(t.shape)}, the model's is "
+                               f"{list(own[name].shape)}")
+        for alias in ties[name]:
+            if alias in out and not torch.equal(out[alias], t):
+                raise WeightsError(
+                    f"{path}: the model ties {', '.join(ties[name])}, but the "
+                    f"file holds different values for {alias!r} and {name!r}")
+            out[alias] = t.to(own[name].dtype)
+    missing = [n for n in own if n not in out and n in parameters]
+    if missing:
+        raise WeightsError(f"{path}: no tensor for the model's parameter(s) "
+                           f"{', '.join(missing)}")
+    for name in own:
+        if name not in out:  # a buffer: constant in fastllm's training
+            out[name] = own[name].detach().clone()
+    return {name: out[name] for name in own}
