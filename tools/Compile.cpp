@@ -305,8 +305,8 @@ static void printReport(const mlir::fastllm::MemoryPlan &plan,
      << " B per micro-batch, all-reduce " << r.allReduce << " B per step\n";
 }
 
-/// Runs `args` (args[0] is the program), its output going to `log`; on
-/// failure prints what failed and the log.
+/// Runs `args` (args[0] is the program) and appends the command line and
+/// its output to `log`; on failure prints what failed and the log.
 static bool runLogged(ArrayRef<std::string> args, StringRef log,
                       StringRef what) {
   auto program = sys::findProgramByName(args[0]);
@@ -314,11 +314,26 @@ static bool runLogged(ArrayRef<std::string> args, StringRef log,
     compileError() << "cannot find '" << args[0] << "' to " << what << "\n";
     return false;
   }
+  std::string part = (log + ".part").str();
   SmallVector<StringRef> argRefs(args.begin(), args.end());
-  std::optional<StringRef> redirects[] = {std::nullopt, log, log};
+  std::optional<StringRef> redirects[] = {std::nullopt, StringRef(part),
+                                          StringRef(part)};
   std::string error;
   int rc = sys::ExecuteAndWait(*program, argRefs, std::nullopt, redirects, 0, 0,
                                &error);
+  {
+    std::error_code ec;
+    raw_fd_ostream os(log, ec, sys::fs::OF_Append);
+    if (!ec) {
+      os << "$";
+      for (const std::string &arg : args)
+        os << " " << arg;
+      os << "\n";
+      if (auto text = MemoryBuffer::getFile(part))
+        os << (*text)->getBuffer();
+    }
+  }
+  sys::fs::remove(part);
   if (rc != 0) {
     compileError() << what << " failed" << (error.empty() ? "" : ": " + error)
                    << "\n";
@@ -356,14 +371,21 @@ static std::string hostCompiler() {
 /// The recipe for `target`, or nullopt with an error when this fastllm-opt
 /// cannot build it. FASTLLM_CXX and FASTLLM_NVCC override the compilers.
 static std::optional<BuildRecipe> recipeFor(mlir::fastllm::Target target,
-                                            bool cudaEmulation) {
+                                            bool cudaEmulation,
+                                            StringRef targetCpu) {
   const std::string cxx = hostCompiler();
   BuildRecipe r;
   if (target == mlir::fastllm::Target::Cpu) {
     r.compiler = cxx;
-    appendFlags(r.compileFlags, ::fastllm::build::kCpuFlags);
+    bool native = targetCpu == "native";
+    if (native)
+      appendFlags(r.compileFlags, ::fastllm::build::kCpuNativeFlags);
+    else
+      appendFlags(r.compileFlags, ::fastllm::build::kCpuPortableFlags);
     r.compileFlags.insert(r.compileFlags.end(), {"-std=c++17", "-fopenmp"});
-    r.targetLibraries = {"libfastllm_rt_cpu.a", "libfastllm_cpu_kernels.a"};
+    r.targetLibraries = {"libfastllm_rt_cpu.a",
+                         native ? "libfastllm_cpu_kernels_native.a"
+                                : "libfastllm_cpu_kernels.a"};
     r.systemLibraries = {"-lopenblas"};
   } else if (cudaEmulation) {
     // The same train_step.cu, built by the host compiler against the CUDA
@@ -396,12 +418,36 @@ static std::optional<BuildRecipe> recipeFor(mlir::fastllm::Target target,
   return r;
 }
 
+/// Where `compile` finds the runtime's headers and archives.
+struct RuntimeLocation {
+  std::string includeDir; ///< holds runtime/ModelABI.h
+  std::string libDir;     ///< holds libfastllm_rt.a
+};
+
+/// An installed fastllm-opt (`cmake --install`: PREFIX/bin/fastllm-opt)
+/// finds the runtime under PREFIX/include/fastllm and PREFIX/lib/fastllm;
+/// one in its build tree, the sources and build/lib it was built from.
+static RuntimeLocation runtimeLocation() {
+  static int anchor;
+  std::string exe = sys::fs::getMainExecutable(nullptr, &anchor);
+  SmallString<256> prefix(sys::path::parent_path(sys::path::parent_path(exe)));
+  SmallString<256> include(prefix), abi, lib(prefix);
+  sys::path::append(include, "include", "fastllm");
+  abi = include;
+  sys::path::append(abi, "runtime", "ModelABI.h");
+  sys::path::append(lib, "lib", "fastllm");
+  if (!exe.empty() && sys::fs::exists(abi))
+    return {std::string(include), std::string(lib)};
+  return {FASTLLM_SOURCE_DIR, FASTLLM_RUNTIME_LIB_DIR};
+}
+
 /// Compiles and links the training binary DIR/train: the generated step, the
 /// runtime, and the target's device and kernel libraries. The compilers'
 /// output goes to DIR/build.log and is shown on failure.
 static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
-                        bool cudaEmulation) {
-  std::optional<BuildRecipe> recipe = recipeFor(target, cudaEmulation);
+                        bool cudaEmulation, StringRef targetCpu) {
+  std::optional<BuildRecipe> recipe =
+      recipeFor(target, cudaEmulation, targetCpu);
   if (!recipe)
     return false;
   auto path = [&](StringRef name) {
@@ -417,13 +463,14 @@ static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
   std::vector<std::string> compile = {recipe->compiler};
   compile.insert(compile.end(), recipe->compileFlags.begin(),
                  recipe->compileFlags.end());
+  RuntimeLocation runtime = runtimeLocation();
   compile.insert(compile.end(),
-                 {"-I" FASTLLM_SOURCE_DIR, "-c", source, "-o", object});
+                 {"-I" + runtime.includeDir, "-c", source, "-o", object});
   if (!runLogged(compile, log, "compiling " + source))
     return false;
 
   const std::string cxx = hostCompiler();
-  std::string lib = FASTLLM_RUNTIME_LIB_DIR;
+  const std::string &lib = runtime.libDir;
   // The runtime and its target libraries call each other: one group.
   std::vector<std::string> link = {cxx,
                                    "-fopenmp",
@@ -462,6 +509,7 @@ struct CompileFlags {
   cl::opt<int64_t> seqLen;
   mlir::fastllm::ImportFlags importFlags;
   cl::opt<std::string> target;
+  cl::opt<std::string> targetCpu;
   cl::opt<bool> cudaEmulation;
 #define FASTLLM_TRAINING_OPTION(type, member, flag, initial, help)             \
   cl::opt<type> member##Flag;
@@ -492,27 +540,38 @@ CompileFlags::CompileFlags(cl::OptionCategory &category)
              cl::cat(category)),
       importFlags(category),
       target("target",
-             cl::desc(
-                 "cpu, or cuda (CUDA C++ built with nvcc for " FASTLLM_CUDA_ARCH
-                 ")"),
+             cl::desc("cpu (the default), or cuda (CUDA C++ built with nvcc "
+                      "for " FASTLLM_CUDA_ARCH ")"),
              cl::init("cpu"), cl::cat(category)),
+      targetCpu(
+          "target-cpu",
+          cl::desc("--target cpu: the CPU the binary is built for: portable "
+                   "(" FASTLLM_CPU_PORTABLE_NAME ", for the machines a `train` "
+                   "is copied to; the default) or native (every instruction "
+                   "set of this machine: faster here, may not start "
+                   "elsewhere)"),
+          cl::init("portable"), cl::cat(category)),
       cudaEmulation(
           "cuda-emulation",
           cl::desc("--target cuda: build the same CUDA source with the host "
                    "compiler against the CUDA emulation, for a `train` that "
                    "runs on CPUs (one emulated H100 per rank; kernels, "
-                   "cuBLASLt and NCCL emulated)"),
+                   "cuBLASLt and NCCL emulated; default: off)"),
           cl::cat(category)),
 #define FASTLLM_TRAINING_OPTION(type, member, flag, initial, help)             \
   member##Flag(flag, cl::desc(help), cl::init(initial), cl::cat(category)),
 #include "passes/TrainingOptions.def"
       stagesPerPipelineStage(
           "stages-per-pipeline-stage",
-          cl::desc("Pipeline parallelism: only 1 (none) is supported"),
+          cl::desc("Pipeline parallelism: only 1 (none, the default) is "
+                   "supported"),
           cl::init(1), cl::cat(category)),
-      report("report", cl::desc("Print the per-rank memory plan"),
+      report("report",
+             cl::desc("Print the per-rank memory plan (default: off)"),
              cl::cat(category)),
-      emit("emit", cl::desc("Stop after writing: mlir | source | binary"),
+      emit("emit",
+           cl::desc("Stop after writing: mlir | source | binary (the "
+                    "default)"),
            cl::init("binary"), cl::cat(category)) {
 }
 
@@ -521,6 +580,16 @@ bool CompileFlags::check(mlir::fastllm::TrainingPipelineOptions &pipeline,
   if (target != "cpu" && target != "cuda") {
     compileError() << "--target " << target
                    << " is not supported (supported: cpu, cuda)\n";
+    return false;
+  }
+  if (targetCpu != "portable" && targetCpu != "native") {
+    compileError() << "--target-cpu " << targetCpu
+                   << " is not a CPU target (portable or native)\n";
+    return false;
+  }
+  if (targetCpu.getNumOccurrences() &&
+      emitTarget() != mlir::fastllm::Target::Cpu) {
+    compileError() << "--target-cpu applies to --target cpu\n";
     return false;
   }
   if (cudaEmulation && emitTarget() != mlir::fastllm::Target::Cuda) {
@@ -642,7 +711,8 @@ static bool writeArtifacts(ModuleOp module,
     return false;
   if (flags.emit == "source")
     return true;
-  return buildBinary(output.stagingDir(), target, flags.cudaEmulation);
+  return buildBinary(output.stagingDir(), target, flags.cudaEmulation,
+                     flags.targetCpu);
 }
 
 void mlir::fastllm::printVersion(raw_ostream &os) {

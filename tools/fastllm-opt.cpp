@@ -40,7 +40,8 @@ using namespace llvm;
 fastllm::ImportFlags::ImportFlags(cl::OptionCategory &category)
     : bindDims("bind-dim",
                cl::desc("Bind the symbolic dim NAME to V (repeatable), e.g. "
-                        "batch=8"),
+                        "batch=8 (default: none; --batch-size and --seq-len "
+                        "bind the token input's dims)"),
                cl::value_desc("NAME=V"), cl::cat(category)),
       keepShared("keep-shared-initializers",
                  cl::desc("Keep the graph's literal sharing of initializers: "

@@ -1,6 +1,7 @@
 //===- Device.cpp - the CPU target's device: host memory ------------------===//
 
 #include "runtime/Device.h"
+#include "runtime/cpu/Kernels.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -15,7 +16,17 @@ std::string fastllm::rt::deviceName() { return ""; }
 
 int64_t fastllm::rt::deviceMemoryInUse() { return -1; }
 
-Status fastllm::rt::initDevice(int) { return Status(); }
+Status fastllm::rt::initDevice(int) {
+  // Before any kernel: code built for a newer CPU would stop with SIGILL in
+  // the middle of a step.
+  if (const char *missing = cpu::missingCpuFeature())
+    return errorf("this binary was built for the CPU level %s, whose %s "
+                  "instructions this CPU lacks; compile the model again with "
+                  "--target-cpu portable, or on this machine with "
+                  "--target-cpu native",
+                  cpu::kernelCpuTarget(), missing);
+  return Status();
+}
 
 Expected<Arena> fastllm::rt::allocateArena(int64_t bytes) {
   size_t size = (size_t(bytes) + 63) / 64 * 64;

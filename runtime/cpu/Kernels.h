@@ -20,9 +20,10 @@
 // kernels for float only).
 //
 // Generated code should be compiled like this library (-O2 or better,
-// -fopenmp, -march=native -mprefer-vector-width=512): the fused elementwise
-// loops are instantiated in its own translation unit and vectorize only as
-// wide as its flags allow.
+// -fopenmp, and the library's -march: `compile --target-cpu` picks the
+// portable build or the native one): the fused elementwise loops are
+// instantiated in its own translation unit and vectorize only as wide as its
+// flags allow.
 //
 //===----------------------------------------------------------------------===//
 
@@ -47,6 +48,17 @@
 #include "runtime/Philox.h"
 
 namespace fastllm::rt::cpu {
+
+//===----------------------------------------------------------------------===//
+// The CPU this library was built for
+//===----------------------------------------------------------------------===//
+
+/// The CPU level this library's code was compiled for: "portable" or
+/// "native" (`compile --target-cpu`), with its -march in parentheses.
+const char *kernelCpuTarget();
+/// An instruction set this library's code may use that the running CPU
+/// lacks (as __builtin_cpu_supports names it), or null when it has them all.
+const char *missingCpuFeature();
 
 //===----------------------------------------------------------------------===//
 // Threading
