@@ -28,6 +28,7 @@ llvm_config.with_system_environment(
 config.substitutions.append(("%PATH%", config.environment["PATH"]))
 config.substitutions.append(("%python", config.python3))
 config.substitutions.append(("%src_root", config.fastllm_src_root))
+config.substitutions.append(("%obj_root", config.fastllm_obj_root))
 
 llvm_config.use_default_substitutions()
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
