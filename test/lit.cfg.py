@@ -34,7 +34,8 @@ llvm_config.use_default_substitutions()
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 llvm_config.with_environment("PATH", config.fastllm_tools_dir, append_path=True)
 
-tools = [ToolSubst("fastllm-opt", unresolved="fatal")]
+tools = [ToolSubst("fastllm-opt", unresolved="fatal"),
+         ToolSubst("fastllm-plot", unresolved="fatal")]
 llvm_config.add_tool_substitutions(tools, [config.fastllm_tools_dir])
 config.substitutions.append(
     ("%expect_exit",
@@ -50,6 +51,7 @@ config.substitutions.append(
 #   onnx-testdata   ONNX's node tests (Debian's libonnx-testdata) are installed
 #   sentencepiece-tools  spm_train, spm_encode and spm_export_vocab (Debian's
 #                   sentencepiece) are on the tests' PATH
+#   matplotlib      config.python3 imports matplotlib (fastllm-plot needs it)
 def run_ok(argv, timeout):
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
@@ -75,9 +77,10 @@ def executable(path):
 
 
 probes = {}
-found_modules = importable(["torch", "onnx"])
+found_modules = importable(["torch", "onnx", "matplotlib"])
 probes["torch"] = "torch" in found_modules
 probes["onnx"] = "onnx" in found_modules
+probes["matplotlib"] = "matplotlib" in found_modules
 probes["mpirun"] = shutil.which("mpirun", path=config.environment["PATH"]) is not None
 nvcc = os.environ.get("FASTLLM_NVCC") or config.fastllm_nvcc
 if nvcc.endswith("-NOTFOUND"):
