@@ -144,6 +144,8 @@ def draw_metrics(args, plt):
     if axes[1].get_yscale() == "linear":
         axes[1].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     axes[2].set_xlabel("step")
+    axes[2].xaxis.set_major_locator(
+        plt.matplotlib.ticker.MaxNLocator(integer=True))
     fig.suptitle(args.title or "training run"
                  + ("s" if len(runs) > 1 else "") + ": "
                  + ", ".join(short(p) for p in args.inputs))
