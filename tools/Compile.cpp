@@ -70,7 +70,7 @@ static bool writeFile(StringRef path, StringRef text) {
 /// Every file `compile` may leave in the output folder.
 static constexpr const char *kArtifacts[] = {
     "plan.mlir",           "plan.json", "train_step.cpp", "train_step.cu",
-    "weights.safetensors", "build.log", "train"};
+    "weights.safetensors", "build.log", "train",          "memory.png"};
 
 namespace {
 /// The output folder's next contents, made in a staging folder inside it and
@@ -516,6 +516,7 @@ struct CompileFlags {
 #include "passes/TrainingOptions.def"
   cl::opt<int64_t> stagesPerPipelineStage;
   cl::opt<bool> report;
+  cl::opt<bool> reportChart;
   cl::opt<std::string> emit;
 };
 
@@ -569,6 +570,11 @@ CompileFlags::CompileFlags(cl::OptionCategory &category)
       report("report",
              cl::desc("Print the per-rank memory plan (default: off)"),
              cl::cat(category)),
+      reportChart("report-chart",
+                  cl::desc("Also draw the per-rank memory plan as "
+                           "DIR/memory.png (fastllm-plot memory, with "
+                           "python3-matplotlib; default: off)"),
+                  cl::cat(category)),
       emit("emit",
            cl::desc("Stop after writing: mlir | source | binary (the "
                     "default)"),
@@ -681,6 +687,23 @@ static bool hasTokenInput(ModuleOp module, StringRef input) {
   return false;
 }
 
+/// Draws the per-rank memory chart of `planJson` into `png` with
+/// fastllm-plot, installed beside this executable.
+static bool drawMemoryChart(StringRef planJson, StringRef png, StringRef log) {
+  static int anchor;
+  std::string exe = sys::fs::getMainExecutable(nullptr, &anchor);
+  SmallString<256> plot(sys::path::parent_path(exe));
+  sys::path::append(plot, "fastllm-plot");
+  if (!sys::fs::can_execute(plot)) {
+    compileError() << "--report-chart needs fastllm-plot beside fastllm-opt ("
+                   << plot << " is missing)\n";
+    return false;
+  }
+  return runLogged(
+      {std::string(plot), "memory", planJson.str(), "-o", png.str()}, log,
+      "drawing the memory chart");
+}
+
 /// Writes the artifacts `flags.emit` asks for into the staging folder of
 /// `output` and builds the binary; the caller commits.
 static bool writeArtifacts(ModuleOp module,
@@ -698,6 +721,10 @@ static bool writeArtifacts(ModuleOp module,
     return false;
   if (flags.report)
     printReport(plan, outs());
+  if (flags.reportChart &&
+      !drawMemoryChart(path("plan.json"), path("memory.png"),
+                       output.path("build.log")))
+    return false;
   if (flags.emit == "mlir")
     return true;
 
