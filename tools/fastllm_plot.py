@@ -34,6 +34,10 @@ def short(path):
     """`path` as a title shows it: its name, with its folder's for a
     plan.json or metrics.jsonl (every compile writes a plan.json)."""
     parent, name = os.path.split(os.path.normpath(path))
+    if os.path.basename(parent).startswith(".fastllm-staging-"):
+        # compile --report-chart draws the plan in its staging folder, whose
+        # contents become the output folder's.
+        parent = os.path.dirname(parent)
     if name in ("plan.json", "metrics.jsonl") and os.path.basename(parent):
         return os.path.join(os.path.basename(parent), name)
     return name
