@@ -91,19 +91,28 @@ void GraphImporter::tieFoldedCopies() {
 }
 
 /// The PyTorch module path in an exporter's node name: `/h.0/c_attn/MatMul`
-/// is node MatMul of module `h.0.c_attn`. Empty when the node is not inside
-/// a module (`/MatMul`) or the name has no such form.
+/// is node MatMul of module `h.0.c_attn`. A container's child is scoped by
+/// its full attribute path under the container's own scope
+/// (`/blocks.0/mlp/mlp.0/MatMul` for `blocks[0].mlp[0]`), so a component
+/// that extends the one before it replaces it: `blocks.0.mlp.0`. Empty
+/// when the node is not inside a module (`/MatMul`) or the name has no such
+/// form.
 static std::string modulePath(StringRef nodeName) {
   if (!nodeName.consume_front("/"))
     return {};
   size_t last = nodeName.rfind('/');
   if (last == StringRef::npos || last == 0)
     return {};
-  std::string path = nodeName.take_front(last).str();
-  for (char &c : path)
-    if (c == '/')
-      c = '.';
-  return path;
+  SmallVector<StringRef> scopes, path;
+  nodeName.take_front(last).split(scopes, '/');
+  for (StringRef scope : scopes) {
+    if (!path.empty() && scope.size() > path.back().size() &&
+        scope.starts_with(path.back()) && scope[path.back().size()] == '.')
+      path.back() = scope;
+    else
+      path.push_back(scope);
+  }
+  return llvm::join(path, ".");
 }
 
 /// True when the components of `scope` appear in order in `path`, the last
