@@ -440,11 +440,19 @@ GraphImporter::inputType(const onnx::ValueInfoProto &info) {
       shape.push_back(dim.dim_value());
     } else if (dim.has_dim_param()) {
       auto it = options.dimBindings.find(dim.dim_param());
-      if (it == options.dimBindings.end())
+      if (it == options.dimBindings.end()) {
+        // A [batch, seq] integer input's dims are what `compile`'s
+        // --batch-size and --seq-len bind.
+        bool tokenDim = tt.shape().dim_size() == 2 && i < 2 &&
+                        isa<IntegerType>(elementType);
         return fileError() << "graph input '" << info.name() << "' dim " << i
                            << " is the symbolic dim '" << dim.dim_param()
                            << "'; bind it with --bind-dim " << dim.dim_param()
-                           << "=N";
+                           << "=N"
+                           << (!tokenDim ? ""
+                               : i == 0  ? " (compile: or --batch-size N)"
+                                         : " (compile: or --seq-len N)");
+      }
       shape.push_back(it->second);
     } else {
       return fileError() << "graph input '" << info.name() << "' dim " << i
