@@ -527,8 +527,8 @@ CompileFlags::CompileFlags(cl::OptionCategory &category)
             cl::desc("<model.onnx | model.onnxtext | model.mlir>"),
             cl::cat(category)),
       outDir("o", cl::Required,
-             cl::desc("Output folder (created if needed); its artifacts are "
-                      "replaced all together, only on success"),
+             cl::desc("Output folder (required; created if needed); its "
+                      "artifacts are replaced all together, only on success"),
              cl::value_desc("dir"), cl::cat(category)),
       batchSize("batch-size",
                 cl::desc("Micro-batch per rank (samples); binds dim 0 of the "
