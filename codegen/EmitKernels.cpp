@@ -166,11 +166,13 @@ LogicalResult StepEmitter::emit(SplitOp o) {
   ArrayRef<int64_t> in = shapeOf(o.getInput());
   SmallVector<int64_t> start(in.size(), 0), stride(in.size(), 1);
   for (Value r : o.getResults()) {
+    int trace = traceBegin(o); // one span per slice call
     os << "  {\n    static const int64_t big[] = " << list(in)
        << ", start[] = " << list(start) << ", stride[] = " << list(stride)
        << ", small[] = " << list(shapeOf(r)) << ";\n    slice(" << name(r)
        << ", " << name(o.getInput()) << ", " << in.size()
        << ", big, start, stride, small);\n  }\n";
+    traceEnd(trace);
     start[o.getDim()] += tensorType(r).getDimSize(o.getDim());
   }
   return success();

@@ -156,6 +156,8 @@ LogicalResult StepEmitter::emitPlan(const MemoryPlan &plan) {
      << "  p.gradSlots = kGradSlots;\n"
      << "  p.numWeightSlots = " << plan.weightSlotOffsets.size() << ";\n"
      << "  p.weightSlots = kWeightSlots;\n"
+     << "  p.numTraceOps = kNumTraceOps;\n"
+     << "  p.traceOps = kTraceOps;\n"
      << "  return p;\n"
      << "}\n";
   return success();

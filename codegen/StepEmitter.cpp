@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "codegen/StepEmitter.h"
+#include "passes/Zero.h"
 #include "runtime/ModelABI.h"
 
 #include "llvm/ADT/StringExtras.h"
@@ -213,7 +214,58 @@ LogicalResult StepEmitter::emit(func::ReturnOp ret) {
 // The walk
 //===----------------------------------------------------------------------===//
 
+bool StepEmitter::isTraced(Operation *op) {
+  return !isa<ConstantOp, AllGatherOp, ReduceScatterOp, ViewLikeOpInterface,
+              GetParameterOp, WaitOp, func::ReturnOp>(op);
+}
+
+int StepEmitter::traceBegin(Operation *op) {
+  auto attr = [&](StringRef name) {
+    auto a = op->getAttrOfType<IntegerAttr>(name);
+    return a ? a.getInt() : int64_t(-1);
+  };
+  int64_t stage = attr(kStageAttr);
+  if (auto clear = dyn_cast<ClearGradsOp>(op))
+    stage = clear.getStage();
+  int index = int(traceOps.size());
+  // The name is the op's own ("matmul"): letters and underscores only.
+  traceOps.push_back("{\"" + op->getName().stripDialect().str() + "\", " +
+                     std::to_string(stage) + ", " +
+                     std::to_string(attr(kLayerAttr)) + ", " +
+                     (isBackward(op) ? "1" : "0") + "}");
+  os << "  if (trace) trace->begin(trace->context, " << index << ");\n";
+  return index;
+}
+
+void StepEmitter::traceEnd(int index) {
+  os << "  if (trace) trace->end(trace->context, " << index << ");\n";
+}
+
+std::string StepEmitter::traceTable() const {
+  std::string t = "// {name, stage, layer, backward}: the step's kernel "
+                  "calls, for train --trace\nconstexpr int32_t kNumTraceOps "
+                  "= " +
+                  std::to_string(traceOps.size()) +
+                  ";\nconst TraceOp kTraceOps[] = {\n";
+  for (const std::string &row : traceOps)
+    t += "    " + row + ",\n";
+  if (traceOps.empty())
+    t += "    {\"\", -1, -1, 0},\n";
+  return t + "};\n\n";
+}
+
 LogicalResult StepEmitter::emitOp(Operation *op) {
+  // A split is one call per result, each traced by emit(SplitOp).
+  if (!isTraced(op) || isa<SplitOp>(op))
+    return emitCalls(op);
+  int index = traceBegin(op);
+  if (failed(emitCalls(op)))
+    return failure();
+  traceEnd(index);
+  return success();
+}
+
+LogicalResult StepEmitter::emitCalls(Operation *op) {
   if (op->hasTrait<PointwiseTrait>())
     return emitPointwise(op);
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
@@ -300,7 +352,7 @@ LogicalResult StepEmitter::emit() {
       << ::fastllm::rt::kAbiVersion
       << "; recompile the model with the fastllm-opt of this runtime\");\n\n"
       << "namespace {\n"
-      << planText << "\n"
+      << traceTable() << planText << "\n"
       << constants << "\n"
       << functorDefs << "} // namespace\n\n"
       << "extern \"C\" const PlanInfo *fastllm_plan() {\n"
@@ -311,6 +363,7 @@ LogicalResult StepEmitter::emit() {
          "*comm,\n"
       << "                              const StepContext *context) {\n"
       << "  (void)comm;\n  (void)context;\n"
+      << "  const TraceHooks *trace = context->trace;\n  (void)trace;\n"
       << constantPointers << text << "}\n";
   return success();
 }

@@ -80,6 +80,18 @@ private:
   /// `op` by fastllm-plan-memory.
   FailureOr<std::string> gradAddress(Operation *op);
   LogicalResult emitOp(Operation *op);
+  /// The kernel call(s) of `op`, without the trace hooks.
+  LogicalResult emitCalls(Operation *op);
+  /// Whether `op` makes kernel calls, each of which is traced: not a
+  /// constant, view, parameter, collective, wait or return.
+  static bool isTraced(Operation *op);
+  /// Prints the trace hook before a kernel call of `op` and adds the call to
+  /// the trace table (kTraceOps); returns its index there.
+  int traceBegin(Operation *op);
+  /// Prints the trace hook after kernel call `index`.
+  void traceEnd(int index);
+  /// kTraceOps and kNumTraceOps, defined before makePlan() reads them.
+  std::string traceTable() const;
 
   // Memory, collectives and the step's end.
   LogicalResult emit(model::GetParameterOp op);
@@ -154,6 +166,8 @@ private:
   llvm::StringMap<std::string> functors; ///< signature and body -> name
   std::string functorDefs;
   llvm::StringMap<int> paramIndex; ///< parameter symbol -> index in kParams
+  /// The rows of kTraceOps, one per kernel call in program order.
+  SmallVector<std::string> traceOps;
 };
 
 } // namespace mlir::fastllm

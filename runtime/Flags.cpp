@@ -3,6 +3,7 @@
 #include "runtime/Flags.h"
 
 #include "runtime/Plan.h"
+#include "runtime/Trace.h"
 
 #include <CLI/CLI.hpp>
 
@@ -295,6 +296,22 @@ const Flag kFlags[] = {
        o.configPath = v;
        return Status();
      }},
+    {"trace", "FILE", "off",
+     "write a Chrome trace-event JSON of the --trace-steps for "
+     "ui.perfetto.dev or chrome://tracing ('trace' below); FILE must not "
+     "exist",
+     [](Options &o, const char *, const std::string &v, const PlanInfo &) {
+       o.tracePath = v;
+       return Status();
+     }},
+    {"trace-steps", "A-B", "2-3, cut to --steps",
+     "the 1-based steps --trace records (A-B, or A alone); the default "
+     "skips step 1, whose first touches of memory, caches and collectives "
+     "make it unlike the steps that follow",
+     [](Options &o, const char *, const std::string &v, const PlanInfo &) {
+       o.traceStepsGiven = true;
+       return parseTraceSteps(v, o.traceFirst, o.traceLast);
+     }},
     {"help", nullptr, nullptr, "print this help and the model's plan", nullptr},
 };
 
@@ -310,6 +327,13 @@ Status checkDependencies(const Options &opts) {
     return errorf("--keep-last needs --checkpoint-dir DIR");
   if (opts.valDataPath.empty() && opts.evalEvery)
     return errorf("--eval-every needs --val-data FILE");
+  if (opts.tracePath.empty() && opts.traceStepsGiven)
+    return errorf("--trace-steps needs --trace FILE");
+  if (opts.traceStepsGiven && opts.traceLast > opts.steps)
+    return errorf("--trace-steps %lld-%lld: the run has %lld step%s "
+                  "(--steps)",
+                  (long long)opts.traceFirst, (long long)opts.traceLast,
+                  (long long)opts.steps, opts.steps == 1 ? "" : "s");
   return Status();
 }
 
@@ -622,6 +646,10 @@ Expected<Options> fastllm::rt::parseFlags(int argc, const char *const *argv,
       return errorf("--eval-steps needs --val-data FILE");
   if (opts.weightsPath.empty())
     opts.weightsPath = defaultWeightsPath();
+  if (!opts.traceStepsGiven) { // the default, within a short run
+    opts.traceFirst = std::min(opts.traceFirst, opts.steps);
+    opts.traceLast = std::min(opts.traceLast, opts.steps);
+  }
   return opts;
 }
 
@@ -719,6 +747,25 @@ the file. For example:
   lr = 3e-4
   lr-schedule = cosine
   resume = false
+
+trace (--trace FILE): steps --trace-steps A-B in the Chrome trace-event
+format ("traceEvents", "X" spans with "ts"/"dur" in microseconds), which
+ui.perfetto.dev and chrome://tracing open. One process per rank ("rank R"),
+merged into FILE by rank 0 at the end of the run, with the tracks: "step"
+(each step, micro_batch, data_loading and the optimizer update), "compute"
+(each kernel call of the step, named by its op: matmul, fused_elementwise,
+causal_attention, cross_entropy, ...; args step, micro_batch, stage, layer,
+phase forward or backward) and one per collective kind (all_gather,
+reduce_scatter, all_reduce; a second track "#2" when two of a kind are in
+flight at once), each collective spanning from its start to the return of
+its wait, with args stage, bytes, what it moves and whether the step or the
+runtime issued it. Times count from a barrier at the start of training.
+Memory is bounded: each rank keeps at most 1048576 events; when that is
+full, later events are dropped and the log and the file's otherData count
+them. FILE is written whole at the end, never over an existing file. On
+CUDA each traced span waits for the GPU at its end (kernels are
+asynchronous), so traced steps run slower but their spans are real; steps
+that are not traced run as without --trace.
 
 signals: SIGTERM, SIGINT or SIGUSR1 on any rank stops the job after the
 current step, the same step on every rank (agreed through the gradient-norm

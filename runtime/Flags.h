@@ -56,7 +56,12 @@ struct Options {
   std::string valDataPath; ///< --val-data; empty: no validation
   int64_t evalEvery = 0;   ///< evaluate after every N-th step; 0: last only
   int64_t evalSteps = 10;  ///< global batches of validation per evaluation
-  bool help = false;       ///< --help was given; nothing else was checked
+  /// --trace FILE: a Chrome trace-event file of steps traceFirst to
+  /// traceLast (1-based, inclusive; runtime/Trace.h); empty: no trace.
+  std::string tracePath;
+  int64_t traceFirst = 2, traceLast = 3;
+  bool traceStepsGiven = false; ///< --trace-steps was given
+  bool help = false;            ///< --help was given; nothing else was checked
 };
 
 /// Parses `argv[1..argc)` for the model described by `plan`, which names the

@@ -41,6 +41,11 @@
 // belong to the runtime, which all-gathers the updated master shards into
 // `params` after each optimizer step (ZeRO-1/2).
 //
+// Tracing (train --trace): every kernel call of the step is one entry of
+// PlanInfo::traceOps, in program order. When `context->trace` is not null
+// the step calls its begin and end around each of them; when it is null the
+// step costs one pointer test per kernel call more than without tracing.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef FASTLLM_RUNTIME_MODELABI_H
@@ -51,7 +56,7 @@
 
 namespace fastllm::rt {
 
-constexpr int32_t kAbiVersion = 7;
+constexpr int32_t kAbiVersion = 8;
 constexpr int kMaxRank = 8;
 
 struct ParamInfo {
@@ -99,6 +104,14 @@ struct SlotInfo {
   int64_t elements; ///< fp32 elements: the largest stage it serves
 };
 
+/// One kernel call of the step, as a trace names it.
+struct TraceOp {
+  const char *name; ///< the op's name without its dialect: "matmul", ...
+  int32_t stage;    ///< the op's model.stage, -1 when it has none
+  int32_t layer;    ///< the op's model.layer, -1 when it has none
+  int32_t backward; ///< 1: built by autodiff (the backward phase), else 0
+};
+
 /// The model's plan. Its scalars are one member per line of
 /// runtime/PlanFields.def (read it for what each means; the compiler's
 /// MemoryPlan has the same members); then what only the runtime's view has:
@@ -128,6 +141,8 @@ struct PlanInfo {
   const SlotInfo *gradSlots;
   int32_t numWeightSlots;
   const SlotInfo *weightSlots;
+  int32_t numTraceOps;     ///< the step's kernel calls
+  const TraceOp *traceOps; ///< [numTraceOps], in program order
 };
 
 /// The collectives a ZeRO-2/3 step starts and waits. The runtime provides
@@ -150,10 +165,22 @@ struct Collectives {
 /// (runtime/Philox.h): row i of the micro-batch is global sample
 /// `firstSample + i` of the step (Sampler::sampleIndex; samples of a
 /// micro-batch are consecutive).
+/// The runtime's trace recorder (train --trace): the step calls begin(op)
+/// just before kernel call `op` (an index into PlanInfo::traceOps) and
+/// end(op) just after it. On CUDA, end waits for the kernel to finish, so
+/// that a span is the kernel's real time.
+struct TraceHooks {
+  void *context;
+  void (*begin)(void *context, int32_t op);
+  void (*end)(void *context, int32_t op);
+};
+
 struct StepContext {
   uint64_t seed;       ///< the run's --seed
   int64_t step;        ///< 0-based optimizer step
   int64_t firstSample; ///< global index in the step's batch of row 0
+  /// Null unless this micro-batch is traced (see TraceHooks).
+  const TraceHooks *trace;
 };
 
 } // namespace fastllm::rt

@@ -13,6 +13,7 @@
 #include "runtime/Plan.h"
 #include "runtime/Safetensors.h"
 #include "runtime/Signals.h"
+#include "runtime/Trace.h"
 #include "runtime/Zero.h"
 
 #include <algorithm>
@@ -248,7 +249,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   // Where the run will write, before anything is loaded or computed.
   for (Status s : {checkOutputPath("metrics", opts.metricsPath),
                    checkOutputPath("dump-grads", opts.dumpGradsPath),
-                   checkOutputPath("save-weights", opts.saveWeightsPath)})
+                   checkOutputPath("save-weights", opts.saveWeightsPath),
+                   checkTracePath(opts.tracePath)})
     if (!s.ok())
       return s;
 
@@ -402,6 +404,10 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   // ranks.
   const float gradScale = 1.0f / float(opts.gradAccum * dp);
   zero.setGradScale(gradScale);
+  // --trace: every rank starts its clock at the same barrier.
+  std::optional<Tracer> tracer;
+  if (!opts.tracePath.empty())
+    tracer.emplace(plan, opts.traceFirst, opts.traceLast, opts.gradAccum, comm);
 
   // Throughput: the plan's FLOPs, per rank and for the global step, and the
   // peak MFU divides by (--peak-tflops, else the device's if known).
@@ -430,7 +436,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
         fillMicroBatch(*valData, *valSampler, k, rank, micro, tokens, targets);
         // Dropout masks keyed apart from every training step (>= 0).
         const StepContext context = {opts.seed, -1 - k,
-                                     valSampler->sampleIndex(rank, micro, 0)};
+                                     valSampler->sampleIndex(rank, micro, 0),
+                                     /*trace=*/nullptr};
         sum += step(arena->get(), zero.collectives(), &context);
         synchronizeDevice();
       }
@@ -508,6 +515,9 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   std::vector<double> perRank;
   for (int64_t s = firstStep; s < opts.steps; ++s) {
     Clock::time_point start = Clock::now();
+    Tracer *trace = tracer ? tracer->beginStep(s + 1) : nullptr;
+    TraceSpan stepSpan(trace, TraceKind::Step);
+    zero.setTracer(trace);
     comm.setStep(s + 1);
     comm.resetBytes();
     if (plan.zeroStage == 1)
@@ -520,19 +530,32 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       // device meanwhile (the fill above), since managed memory without
       // concurrent access may not be touched by the host while a kernel runs.
       synchronizeDevice();
-      fillMicroBatch(*data, sampler, s, rank, micro, tokens, targets);
+      if (trace)
+        trace->setMicroBatch(int32_t(micro));
+      TraceSpan microSpan(trace, TraceKind::MicroBatch);
+      {
+        TraceSpan loading(trace, TraceKind::DataLoading);
+        fillMicroBatch(*data, sampler, s, rank, micro, tokens, targets);
+      }
       // Dropout's masks are keyed by the samples, not by rank or
       // micro-batch: dp, --grad-accum and ZeRO stage do not change them.
       const StepContext context = {opts.seed, s,
-                                   sampler.sampleIndex(rank, micro, 0)};
+                                   sampler.sampleIndex(rank, micro, 0),
+                                   trace ? trace->hooks() : nullptr};
       lossSum += step(arena->get(), zero.collectives(), &context);
       synchronizeDevice();
+      microSpan.end();
+      if (trace)
+        trace->setMicroBatch(-1);
     }
     if (dp > 1) {
       // The step's loss is the mean over the global batch; summing the ranks'
       // parts in rank order gives every rank the same value.
       std::vector<double> parts(dp);
+      TraceSpan exchange(trace, TraceKind::AllGather, -1,
+                         dp * int64_t(sizeof(double)), TraceMoves::Loss);
       comm.allGatherBytes(&lossSum, parts.data(), sizeof(double));
+      exchange.end();
       lossSum = 0;
       for (double part : parts)
         lossSum += part;
@@ -559,12 +582,15 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     }
     // One all-reduce carries the gradient norm's sum of squares and each
     // rank's stop request, so every rank decides alike on both.
+    TraceSpan optimizerSpan(trace, TraceKind::Optimizer);
     const double mine[2] = {deviceSumOfSquares(adamw, gradShard),
                             double(stopRequest())};
     double sums[2] = {mine[0], mine[1]};
     perRank.assign(mine, mine + 2);
     if (dp > 1) { // (one rank moves nothing: the plan says 0 bytes)
       perRank.resize(2 * dp);
+      TraceSpan norm(trace, TraceKind::AllReduce, -1, 2 * sizeof(double),
+                     TraceMoves::GradNorm);
       comm.allReduceSumOrdered(mine, sums, 2, perRank.data());
     }
     double gradNorm = std::sqrt(sums[0]);
@@ -590,6 +616,9 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     skippedInARow = skipped ? skippedInARow + 1 : 0;
     // Host code (the next micro-batch's tokens, a checkpoint) comes next.
     synchronizeDevice();
+    optimizerSpan.end();
+    stepSpan.end();
+    zero.setTracer(nullptr);
 
     double seconds =
         std::chrono::duration<double>(Clock::now() - start).count();
@@ -678,6 +707,9 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     }
   }
 
+  if (tracer)
+    if (Status st = tracer->write(comm, opts.tracePath, log); !st.ok())
+      return st;
   if (!opts.saveWeightsPath.empty()) {
     float *full = params;
     if (!full) { // ZeRO-3: every rank takes part in the gather

@@ -22,6 +22,7 @@
 #include "runtime/Comm.h"
 #include "runtime/ModelABI.h"
 #include "runtime/ShardComm.h"
+#include "runtime/Trace.h"
 
 #include <cstdint>
 #include <optional>
@@ -40,6 +41,9 @@ public:
   const Collectives *collectives() const { return &table; }
   /// The scale the step's reduce-scatters apply: 1 / (dp * micro-batches).
   void setGradScale(float scale) { gradScale = scale; }
+  /// Records every collective from its start to the return of its wait in
+  /// `tracer` (null: none), until set again.
+  void setTracer(Tracer *t) { tracer = t; }
 
   /// master = this rank's shard of `full` (the initial weights, host code
   /// before the first step).
@@ -66,7 +70,17 @@ private:
     const float *add = nullptr;
     float *into = nullptr;
     int64_t elements = 0;
+    /// Tracing: when it started (-1: not traced), what and where.
+    int64_t start = -1;
+    TraceKind kind = TraceKind::AllGather;
+    int32_t stage = -1;
+    int64_t bytes = 0;
   };
+  /// A traced collective of `stage` (`elements` per rank) starting now, or
+  /// an untraced one.
+  InFlight traced(TraceKind kind, int32_t stage, int64_t elements) const;
+  /// Records the collective that just completed (nothing when untraced).
+  void traceEnd(const InFlight &op, bool fromStep);
   int32_t track(InFlight op);
   int32_t startGather(int32_t stage, int32_t slot);
   int32_t startReduce(int32_t stage, int32_t slot);
@@ -80,6 +94,7 @@ private:
   float *grads, *master, *gradShard;
   Collectives table;
   float gradScale = 1.0f;
+  Tracer *tracer = nullptr;
   std::vector<std::optional<InFlight>> inFlight;
 };
 

@@ -58,10 +58,15 @@ module attributes {plan.arena = #plan.arena<{activations_bytes = 1024 : i64, act
 // Rows 1, 3, 5, 7 of the transposed [2, 8, 4].
 // CHECK:          static const int64_t big[] = {2, 8, 4}, start[] = {0, 1, 0}, stride[] = {1, 2, 1}, small[] = {2, 4, 4};
 // CHECK-NEXT:     slice({{v[0-9]+}}, [[TR]], 3, big, start, stride, small);
-// A split is a slice per result, the second starting at 3.
+// A split is a slice per result, the second starting at 3, each a span of
+// its own.
 // CHECK:          static const int64_t big[] = {2, 4, 8}, start[] = {0, 0, 0}, stride[] = {1, 1, 1}, small[] = {2, 4, 3};
 // CHECK-NEXT:     slice([[P0:v[0-9]+]], [[F]], 3, big, start, stride, small);
-// CHECK:          static const int64_t big[] = {2, 4, 8}, start[] = {0, 0, 3}, stride[] = {1, 1, 1}, small[] = {2, 4, 5};
+// CHECK-NEXT:   }
+// CHECK-NEXT:   if (trace) trace->end(trace->context, [[S0:[0-9]+]]);
+// CHECK-NEXT:   if (trace) trace->begin(trace->context, {{[0-9]+}});
+// CHECK-NEXT:   {
+// CHECK-NEXT:     static const int64_t big[] = {2, 4, 8}, start[] = {0, 0, 3}, stride[] = {1, 1, 1}, small[] = {2, 4, 5};
 // CHECK-NEXT:     slice([[P1:v[0-9]+]], [[F]], 3, big, start, stride, small);
 // 8 rows of 5 then 3 columns: outer 8, inner 1.
 // CHECK:          static const int64_t sizes[] = {5, 3};
@@ -73,6 +78,8 @@ module attributes {plan.arena = #plan.arena<{activations_bytes = 1024 : i64, act
 // 64 elements, 32 per sample of a micro-batch of 2, site 7.
 // CHECK:        dropout([[DR:v[0-9]+]], [[LN]], false, 64, 32, 7u, {{0x[0-9a-f]+}}u, 1.111111{{[0-9]+}}e+00f, context->seed, context->step, context->firstSample);
 // CHECK:        nllLoss<int64_t>([[LOSS:v[0-9]+]], [[DR]], {{a1}}, 8, 8, false, 0, Reduction::Sum);
+// A collective is no kernel call: the hooks frame the loss alone.
+// CHECK-NEXT:   if (trace) trace->end(trace->context, [[LAST:[0-9]+]]);
 // CHECK-NEXT:   int32_t [[REQ:r[0-9]+]] = comm->reduceScatter(comm->context, 0, 0);
 // CHECK-NEXT:   comm->wait(comm->context, [[REQ]]);
 // CHECK-NEXT:   return [[LOSS]][0];

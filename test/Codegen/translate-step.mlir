@@ -30,6 +30,20 @@ module attributes {plan.arena = #plan.arena<{activations_bytes = 1024 : i64, act
 }
 
 // CHECK:      static_assert(kAbiVersion ==
+// The trace table: one row per kernel call, in program order, named by its op
+// (this module has no model.stage / model.layer: -1; nothing is backward).
+// CHECK:      constexpr int32_t kNumTraceOps = 9;
+// CHECK-NEXT: const TraceOp kTraceOps[] = {
+// CHECK-NEXT:     {"gather", -1, -1, 0},
+// CHECK-NEXT:     {"rms_norm", -1, -1, 0},
+// CHECK-NEXT:     {"causal_attention", -1, -1, 0},
+// CHECK-NEXT:     {"matmul", -1, -1, 0},
+// CHECK-NEXT:     {"cross_entropy", -1, -1, 0},
+// CHECK-NEXT:     {"cross_entropy_grad", -1, -1, 0},
+// CHECK-NEXT:     {"matmul_accumulate_grad", -1, -1, 0},
+// CHECK-NEXT:     {"reduce_sum", -1, -1, 0},
+// CHECK-NEXT:     {"accumulate_grad", -1, -1, 0},
+// CHECK-NEXT: };
 // CHECK:      const ParamInfo kParams[] = {
 // CHECK-NEXT:     {"w", 1, 2, {8, 8}, 64, 0, 1, 1},
 // CHECK-NEXT:     {"g", 1, 1, {8}, 8, 256, 1, 0},
@@ -41,18 +55,27 @@ module attributes {plan.arena = #plan.arena<{activations_bytes = 1024 : i64, act
 // CHECK:        p.target = "cpu";
 // CHECK:        p.tokensInput = "tokens";
 // CHECK:        p.numParams = 2;
+// CHECK:        p.numTraceOps = kNumTraceOps;
+// CHECK-NEXT:   p.traceOps = kTraceOps;
 // The constant of the loss's seed gradient: one float (a splat).
 // CHECK:      alignas(64) const float [[ONE:c[0-9]+]][1] = {1.000000000e+00f};
 // CHECK:      extern "C" float fastllm_step(
+// The trace hooks: one null test before and after each kernel call when off.
+// CHECK:        const TraceHooks *trace = context->trace;
 // CHECK:        const int64_t *[[TOK:a0]] = reinterpret_cast<const int64_t *>(arena + 1408);
 // CHECK-NEXT:   const int64_t *[[TGT:a1]] = reinterpret_cast<const int64_t *>(arena + 1472);
 // CHECK-NEXT:   float *[[W:v[0-9]+]] = reinterpret_cast<float *>(arena + 0); // kParams[0]
 // CHECK-NEXT:   float *[[G:v[0-9]+]] = reinterpret_cast<float *>(arena + 256); // kParams[1]
 // Rows of an [8, 8] table gathered by 8 indices: outer 1, 8 rows, 8 indices, rows of 8.
+// CHECK-NEXT:   if (trace) trace->begin(trace->context, 0);
 // CHECK-NEXT:   float *[[E:v[0-9]+]] = reinterpret_cast<float *>(arena + 1536);
 // CHECK-NEXT:   gather<float, int64_t>([[E]], [[W]], [[TOK]], 1, 8, 8, 8);
+// CHECK-NEXT:   if (trace) trace->end(trace->context, 0);
+// CHECK-NEXT:   if (trace) trace->begin(trace->context, 1);
 // CHECK-NEXT:   float *[[N:v[0-9]+]] = reinterpret_cast<float *>(arena + 1792);
 // CHECK-NEXT:   rmsNorm([[N]], [[E]], [[G]], 8, 8, 9.999999747e-06f);
+// CHECK-NEXT:   if (trace) trace->end(trace->context, 1);
+// CHECK-NEXT:   if (trace) trace->begin(trace->context, 2);
 // Two results, two offsets; batch 2, 4 positions, head dims 8 and 8.
 // CHECK-NEXT:   float *[[O:v[0-9]+]] = reinterpret_cast<float *>(arena + 2048);
 // CHECK-NEXT:   float *[[LSE:v[0-9]+]] = reinterpret_cast<float *>(arena + 2304);
@@ -67,6 +90,7 @@ module attributes {plan.arena = #plan.arena<{activations_bytes = 1024 : i64, act
 // CHECK:          static const bool reduced[] = {true, false};
 // CHECK-NEXT:     reduce([[S:v[0-9]+]], [[D]], 2, shape, reduced, ReduceKind::Sum);
 // CHECK:        addInto(reinterpret_cast<float *>(arena + 576), [[S]], 8); // kParams[1]
+// CHECK-NEXT:   if (trace) trace->end(trace->context, 8);
 // CHECK-NEXT:   return [[LOSS]][0];
 
 // The CUDA target: the same calls on the CUDA library; constants on the device, found
