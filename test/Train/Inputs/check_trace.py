@@ -7,7 +7,7 @@ Independently of the runtime's tracer, it reads the step's program order from
 the generated source (kernel calls, collective starts and waits, line by
 line, ignoring the trace hooks) and the plan's communication bytes, then
 checks that the file is the trace-event format Perfetto and chrome://tracing
-read, that every rank and only the chosen steps are there, that each
+read (spans of one track nest), that every rank and only the chosen steps are there, that each
 micro-batch has one compute span per kernel call in program order (named by
 its op), that each collective the step issues has a span on a collective
 track with the plan's bytes, and that the spans overlap exactly where the
@@ -222,6 +222,20 @@ def main():
         if not any(k in names[key]
                    for k in ("all_gather", "reduce_scatter", "all_reduce")):
             fail("collective track named %r" % names[key])
+
+    # Perfetto draws spans of one track only when they nest perfectly.
+    by_track = {}
+    for e in spans:
+        by_track.setdefault((e["pid"], e["tid"]), []).append(e)
+    for key, track in by_track.items():
+        stack = []
+        for e in sorted(track, key=lambda e: (e["start"], -e["end"])):
+            while stack and stack[-1]["end"] <= e["start"]:
+                stack.pop()
+            if stack and e["end"] > stack[-1]["end"]:
+                fail("track %r: %r and %r overlap without nesting" %
+                     (names[key], stack[-1]["name"], e["name"]))
+            stack.append(e)
 
     overlapping = total = 0
     for rank in range(args.ranks):
