@@ -133,8 +133,11 @@ def gpu_cases(report, model, cfg, cuda_dir, bf16_dir, data, cpu, cpu100, rtol):
             report("PASS" if rel16 <= 2e-2 and len(ours) == 100 else "FAIL", bf16_name,
                    f"max rel loss diff {rel16:.2e} against {against}")
     arena = json.load(open(os.path.join(cuda_dir, "plan.json")))["plan"]["arena_bytes"]
-    # The driver hands out memory in 2 MiB pages: small arenas round up.
-    mem_ok = abs(mem - arena) <= max(0.02 * arena, 2 * 2**20)
+    # The figure is the drop in the GPU's free memory around the arena's
+    # allocation, which the driver rounds up: a 5 MB arena showed as a
+    # 128 MiB drop on an H200 (2026-11-26). Small arenas are checked to be
+    # within that granule; bench/gpu_bench.py checks the figure at scale.
+    mem_ok = mem >= arena and (mem - arena <= max(0.02 * arena, 128 * 2**20))
     report("PASS" if rel <= rtol and len(gpu) == STEPS and mem_ok else "FAIL", name,
            f"max rel loss diff {rel:.2e}; loss {cpu[0]:.4f} -> {cpu[-1]:.4f}; GPU memory "
            f"{mem} B vs plan {arena} B{'' if mem_ok else ' (more than 2% apart)'}")

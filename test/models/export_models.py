@@ -83,12 +83,13 @@ FLOAT_TYPES = {
 # Shared pieces
 # --------------------------------------------------------------------------
 
-def causal_mask(T, mask_kind):
-    """Boolean [T, T] lower-triangular mask built from the dynamic length T."""
+def causal_mask(T, mask_kind, device=None):
+    """Boolean [T, T] lower-triangular mask built from the dynamic length T
+    (on `device`: the tokens', so that the model also runs on a GPU)."""
     if mask_kind == "tril":
-        return torch.tril(torch.ones(T, T, dtype=torch.bool))
+        return torch.tril(torch.ones(T, T, dtype=torch.bool, device=device))
     # "compare": key position <= query position; no Trilu needed.
-    pos = torch.arange(T)
+    pos = torch.arange(T, device=device)
     return pos.unsqueeze(0) <= pos.unsqueeze(1)
 
 
@@ -172,8 +173,8 @@ class GPT2(nn.Module):
 
     def forward(self, tokens, targets):
         T = tokens.shape[1]
-        x = self.wte(tokens) + self.wpe(torch.arange(T))
-        mask = causal_mask(T, self.cfg.mask)
+        x = self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
+        mask = causal_mask(T, self.cfg.mask, tokens.device)
         for blk in self.blocks:
             x = blk(x, mask)
         x = self.ln_f(x)
@@ -203,14 +204,14 @@ def rotate_half(x, head_dim):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rotary_tables(T, head_dim, base=10000.0):
+def rotary_tables(T, head_dim, base=10000.0, device=None):
     """cos/sin [T, head_dim] computed in forward (no float buffers).
 
     inv_freq only depends on Python constants, so the tracer records it as a
     Constant node; positions come from the dynamic T.
     """
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2).float() / head_dim))
-    pos = torch.arange(T).float()
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    pos = torch.arange(T, device=device).float()
     freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -259,8 +260,8 @@ class Llama(nn.Module):
     def forward(self, tokens, targets):
         T = tokens.shape[1]
         x = self.tok_embeddings(tokens)
-        mask = causal_mask(T, self.cfg.mask)
-        cos, sin = rotary_tables(T, self.cfg.d_model // self.cfg.heads)
+        mask = causal_mask(T, self.cfg.mask, tokens.device)
+        cos, sin = rotary_tables(T, self.cfg.d_model // self.cfg.heads, device=tokens.device)
         for blk in self.blocks:
             x = blk(x, mask, cos, sin)
         logits = self.lm_head(self.norm(x))
