@@ -41,6 +41,7 @@
 #include "llvm/Support/WithColor.h"
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -48,12 +49,56 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+
 using namespace mlir;
 using namespace llvm;
 
 static raw_ostream &compileError() {
   return WithColor::error(errs(), "fastllm-opt compile");
 }
+
+namespace {
+/// `--time-phases`: the wall time of each phase of a compile and the peak
+/// resident memory so far (getrusage: this process's, and the C++ build's
+/// compiler and linker as the largest child), printed to stderr as each
+/// phase ends. A no-op unless enabled.
+class PhaseTimer {
+public:
+  explicit PhaseTimer(bool enabled)
+      : enabled(enabled), start(Clock::now()), last(start) {}
+
+  /// Ends the phase `name` (begun when the previous one ended).
+  void end(StringRef name) {
+    if (!enabled)
+      return;
+    Clock::time_point now = Clock::now();
+    struct rusage self {
+    }, children{};
+    ::getrusage(RUSAGE_SELF, &self);
+    ::getrusage(RUSAGE_CHILDREN, &children);
+    errs() << format("phase %-10s %8.3f s   peak RSS %8.1f MB   children "
+                     "%8.1f MB\n",
+                     name.str().c_str(), seconds(last, now),
+                     self.ru_maxrss / 1024.0, children.ru_maxrss / 1024.0);
+    last = now;
+  }
+  /// Prints the total once the compile is done.
+  void total() {
+    if (enabled)
+      errs() << format("phase %-10s %8.3f s\n", (const char *)"total",
+                       seconds(start, Clock::now()));
+  }
+
+private:
+  using Clock = std::chrono::steady_clock;
+  static double seconds(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  }
+  bool enabled;
+  Clock::time_point start, last;
+};
+} // namespace
 
 /// Writes `text` to `path` through a temporary file and a rename (never
 /// through a symlink or into a device).
@@ -518,6 +563,7 @@ struct CompileFlags {
   cl::opt<bool> report;
   cl::opt<bool> reportChart;
   cl::opt<std::string> emit;
+  cl::opt<bool> timePhases;
 };
 
 } // namespace
@@ -578,7 +624,13 @@ CompileFlags::CompileFlags(cl::OptionCategory &category)
       emit("emit",
            cl::desc("Stop after writing: mlir | source | binary (the "
                     "default)"),
-           cl::init("binary"), cl::cat(category)) {
+           cl::init("binary"), cl::cat(category)),
+      timePhases("time-phases",
+                 cl::desc("Print each phase's wall time and the peak memory "
+                          "so far to stderr: import, passes, plan (plan.mlir "
+                          "and plan.json), source, weights, build (the C++ "
+                          "compiler and linker) (default: off)"),
+                 cl::cat(category)) {
 }
 
 bool CompileFlags::check(mlir::fastllm::TrainingPipelineOptions &pipeline,
@@ -708,7 +760,8 @@ static bool drawMemoryChart(StringRef planJson, StringRef png, StringRef log) {
 /// `output` and builds the binary; the caller commits.
 static bool writeArtifacts(ModuleOp module,
                            const mlir::fastllm::MemoryPlan &plan,
-                           const CompileFlags &flags, StagedOutput &output) {
+                           const CompileFlags &flags, StagedOutput &output,
+                           PhaseTimer &timer) {
   auto path = [&](StringRef name) { return output.path(name); };
   std::string text;
   raw_string_ostream os(text);
@@ -725,21 +778,30 @@ static bool writeArtifacts(ModuleOp module,
       !drawMemoryChart(path("plan.json"), path("memory.png"),
                        output.path("build.log")))
     return false;
+  timer.end("plan");
   if (flags.emit == "mlir")
     return true;
 
   mlir::fastllm::Target target = flags.emitTarget();
-  std::string source;
-  raw_string_ostream sourceStream(source);
-  if (failed(mlir::fastllm::emitSource(module, target, sourceStream)) ||
-      !writeFile(path(mlir::fastllm::TargetDescription::get(target).sourceFile),
-                 source) ||
-      failed(mlir::fastllm::writeWeights(module, path("weights.safetensors"))))
+  {
+    std::string source;
+    raw_string_ostream sourceStream(source);
+    if (failed(mlir::fastllm::emitSource(module, target, sourceStream)) ||
+        !writeFile(
+            path(mlir::fastllm::TargetDescription::get(target).sourceFile),
+            source))
+      return false;
+  }
+  timer.end("source");
+  if (failed(mlir::fastllm::writeWeights(module, path("weights.safetensors"))))
     return false;
+  timer.end("weights");
   if (flags.emit == "source")
     return true;
-  return buildBinary(output.stagingDir(), target, flags.cudaEmulation,
-                     flags.targetCpu);
+  bool built = buildBinary(output.stagingDir(), target, flags.cudaEmulation,
+                           flags.targetCpu);
+  timer.end("build");
+  return built;
 }
 
 void mlir::fastllm::printVersion(raw_ostream &os) {
@@ -772,6 +834,7 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
   if (!flags.check(pipeline, options))
     return 1;
 
+  PhaseTimer timer(flags.timePhases);
   mlir::fastllm::DriverContext driver;
   MLIRContext &context = driver.context;
   StringRef input = flags.input;
@@ -781,6 +844,7 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
           : mlir::fastllm::importOnnxFile(&context, input, options);
   if (!module || !hasTokenInput(*module, input))
     return 1;
+  timer.end("import");
 
   PassManager pm(&context);
   if (failed(applyPassManagerCLOptions(pm)))
@@ -793,10 +857,14 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
       mlir::fastllm::MemoryPlan::get(*module);
   if (!plan)
     return 1;
+  timer.end("passes");
 
   StagedOutput output;
   if (!output.create(flags.outDir) ||
-      !writeArtifacts(*module, *plan, flags, output))
+      !writeArtifacts(*module, *plan, flags, output, timer))
     return 1;
-  return output.commit() ? 0 : 1;
+  if (!output.commit())
+    return 1;
+  timer.total();
+  return 0;
 }
