@@ -368,10 +368,14 @@ LogicalResult StepEmitter::emit(DropoutOp o) {
   if (failed(bindResults(o)))
     return failure();
   float ratio = o.getRatio().convertToFloat();
+  // Evaluating (context->evaluating): threshold 0 keeps every element and
+  // scale 1 leaves it as it is, as PyTorch's eval mode does.
   os << "  dropout(" << name(o.getResult()) << ", " << name(o.getInput())
      << ", " << (splats.count(o.getInput()) ? "true" : "false") << ", " << n
-     << ", " << perSample << ", " << o.getSite() << "u, "
-     << llvm::format_hex(::fastllm::rt::dropoutThreshold(ratio), 10) << "u, "
+     << ", " << perSample << ", " << o.getSite() << "u, context->evaluating ? "
+     << "0u : "
+     << llvm::format_hex(::fastllm::rt::dropoutThreshold(ratio), 10)
+     << "u, context->evaluating ? 1.0f : "
      << llvm::format("%.9e", ::fastllm::rt::dropoutScale(ratio))
      << "f, context->seed, context->step, context->firstSample);\n";
   return success();

@@ -719,8 +719,8 @@ evaluation, whatever the training position. The step function runs forward
 and backward (there is no forward-only step); nothing it leaves behind
 reaches training (gradients are zeroed before the next step, no optimizer
 update, no change to the weights), so a run with evaluation trains exactly
-like one without. Dropout stays active, with masks keyed by validation step
--1-k, the same at every evaluation. Printed as "eval" lines; val_loss in the
+like one without. Dropout is off during evaluation, as in PyTorch's
+model.eval(). Printed as "eval" lines; val_loss in the
 metrics line of the step it follows.
 
 throughput: each metrics line has tokens (consumed so far, all ranks),

@@ -56,7 +56,7 @@
 
 namespace fastllm::rt {
 
-constexpr int32_t kAbiVersion = 8;
+constexpr int32_t kAbiVersion = 9;
 constexpr int kMaxRank = 8;
 
 struct ParamInfo {
@@ -181,6 +181,10 @@ struct StepContext {
   int64_t firstSample; ///< global index in the step's batch of row 0
   /// Null unless this micro-batch is traced (see TraceHooks).
   const TraceHooks *trace;
+  /// True for a validation batch (train --val-data): dropout is the
+  /// identity, as in PyTorch's model.eval(); the step's gradients are
+  /// discarded by the runtime.
+  bool evaluating;
 };
 
 } // namespace fastllm::rt

@@ -421,9 +421,10 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
 
   // Validation: the mean loss over opts.evalSteps global batches of the
   // validation file, drawn like training batches at validation steps
-  // 0..K-1, so every evaluation sees the same ones. The step runs forward
-  // and backward; its gradients are zeroed again and nothing is updated, so
-  // training goes on exactly as without it.
+  // 0..K-1, so every evaluation sees the same ones, with dropout off (as
+  // PyTorch's model.eval()). The step runs forward and backward; its
+  // gradients are zeroed again and nothing is updated, so training goes on
+  // exactly as without it.
   std::optional<Sampler> valSampler;
   if (valData)
     valSampler.emplace(opts.sampler, opts.seed, valData->size(), plan.seqLen,
@@ -434,10 +435,11 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       for (int64_t micro = 0; micro < opts.gradAccum; ++micro) {
         synchronizeDevice();
         fillMicroBatch(*valData, *valSampler, k, rank, micro, tokens, targets);
-        // Dropout masks keyed apart from every training step (>= 0).
+        // Evaluating: dropout is the identity (PyTorch's model.eval()); the
+        // step number is kept apart from every training step's (>= 0).
         const StepContext context = {opts.seed, -1 - k,
                                      valSampler->sampleIndex(rank, micro, 0),
-                                     /*trace=*/nullptr};
+                                     /*trace=*/nullptr, /*evaluating=*/true};
         sum += step(arena->get(), zero.collectives(), &context);
         synchronizeDevice();
       }
@@ -541,7 +543,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       // micro-batch: dp, --grad-accum and ZeRO stage do not change them.
       const StepContext context = {opts.seed, s,
                                    sampler.sampleIndex(rank, micro, 0),
-                                   trace ? trace->hooks() : nullptr};
+                                   trace ? trace->hooks() : nullptr,
+                                   /*evaluating=*/false};
       lossSum += step(arena->get(), zero.collectives(), &context);
       synchronizeDevice();
       microSpan.end();

@@ -76,7 +76,7 @@ module attributes {plan.arena = #plan.arena<{activations_bytes = 1024 : i64, act
 // CHECK:        softmax([[SM:v[0-9]+]], [[C]], 2, 4, 8, false);
 // CHECK:        layerNorm([[LN:v[0-9]+]], [[SM]], [[G]], [[G]], 8, 8, 9.999999747e-06f);
 // 64 elements, 32 per sample of a micro-batch of 2, site 7.
-// CHECK:        dropout([[DR:v[0-9]+]], [[LN]], false, 64, 32, 7u, {{0x[0-9a-f]+}}u, 1.111111{{[0-9]+}}e+00f, context->seed, context->step, context->firstSample);
+// CHECK:        dropout([[DR:v[0-9]+]], [[LN]], false, 64, 32, 7u, context->evaluating ? 0u : {{0x[0-9a-f]+}}u, context->evaluating ? 1.0f : 1.111111{{[0-9]+}}e+00f, context->seed, context->step, context->firstSample);
 // CHECK:        nllLoss<int64_t>([[LOSS:v[0-9]+]], [[DR]], {{a1}}, 8, 8, false, 0, Reduction::Sum);
 // A collective is no kernel call: the hooks frame the loss alone.
 // CHECK-NEXT:   if (trace) trace->end(trace->context, [[LAST:[0-9]+]]);
