@@ -4,7 +4,7 @@
 # the CPU into build/demo/ (with the memory report and its chart), and
 # trained for 300 steps on the text of the GPL-3 (a file every Debian machine
 # has), tokenized byte-level by `fastllm-opt data` with a validation split.
-# It leaves three pictures and a trace in build/demo/ (listed at the end).
+# It leaves four pictures and a trace in build/demo/ (listed at the end).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -44,9 +44,12 @@ mpi=(mpirun --oversubscribe -np 2)
 rm -f "$out/trace.json" # train never replaces a trace
 "${mpi[@]}" "$out/zero3-run/train" --data "$out/gpl3.tok" --steps 12 \
   --lr 3e-3 --log-every 4 --trace "$out/trace.json" --trace-steps 10-11
+"$bin/fastllm-plot" trace "$out/trace.json" -o "$out/trace.png" \
+  --overwrite >/dev/null
 echo
 echo "pictures: $out/loss.png (loss, validation loss, lr, gradient norm)"
 echo "          $out/memory.png (this plan's memory per rank)"
 echo "          $out/memory-zero.png (the model on 2 ranks at ZeRO 1, 2, 3)"
+echo "          $out/trace.png (the trace's timeline)"
 echo "trace:    $out/trace.json (2 ranks, ZeRO-3, steps 10-11: compute and"
 echo "          collectives on their own tracks; open it in https://ui.perfetto.dev)"

@@ -9,6 +9,11 @@
   fastllm-plot memory PLAN.json [MORE.json ...] -o memory.png
       The per-rank memory of `fastllm-opt compile`'s plan.json as stacked
       bars, one per rank, the plans side by side (e.g. ZeRO 1, 2, 3).
+  fastllm-plot trace TRACE.json -o trace.png
+      The timeline of `train --trace`: per rank, the compute track (forward
+      and backward kernels in two colours) and each collective's track
+      (from start to wait), so that the overlap the compiler planned shows
+      without a trace viewer.
 
 Built and installed beside fastllm-opt from tools/fastllm_plot.py; needs
 Debian's python3-matplotlib (drawn with the Agg backend, no display). The
@@ -301,6 +306,99 @@ def draw_memory(args, plt):
     return fig
 
 
+# --- trace -------------------------------------------------------------------
+
+def read_trace(path):
+    """{rank: {track name: [(start us, duration us, name, args)]}} of the
+    complete ("X") events of a `train --trace` file, with the tracks' names
+    from its thread_name metadata; the file's first event is time 0."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            root = json.load(f)
+    except OSError as e:
+        raise PlotError(f"cannot read '{path}': {e.strerror}")
+    except UnicodeDecodeError:
+        raise PlotError(f"'{path}' is not text (not a trace)")
+    except json.JSONDecodeError as e:
+        raise PlotError(f"{path}:{e.lineno}: not JSON: {e.msg} "
+                        f"(column {e.colno})")
+    events = root.get("traceEvents") if isinstance(root, dict) else None
+    if not isinstance(events, list):
+        raise PlotError(f"'{path}' has no \"traceEvents\" list: not the "
+                        "trace of `train --trace`")
+    names, spans = {}, []
+    for i, e in enumerate(events):
+        if not isinstance(e, dict):
+            raise PlotError(f"{path}: event {i} is not an object")
+        key = (e.get("pid"), e.get("tid"))
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            names[key] = str((e.get("args") or {}).get("name", key[1]))
+        elif e.get("ph") == "X":
+            ts, dur = e.get("ts"), e.get("dur")
+            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or \
+                    isinstance(dur, bool) or not isinstance(dur, (int, float)):
+                raise PlotError(f"{path}: event {i} has no numeric ts and dur")
+            spans.append((key, float(ts), float(dur), str(e.get("name", "")),
+                          e.get("args") or {}))
+    if not spans:
+        raise PlotError(f"'{path}' holds no complete events to draw")
+    t0 = min(ts for _, ts, *_ in spans)
+    ranks = {}
+    for (pid, tid), ts, dur, name, a in spans:
+        track = names.get((pid, tid), f"track {tid}")
+        ranks.setdefault(pid, {}).setdefault(track, []).append(
+            (ts - t0, dur, name, a))
+    return ranks
+
+
+def draw_trace(args, plt):
+    """One row per (rank, track): compute spans coloured by phase, the
+    collectives' spans from start to wait, the step track's optimizer."""
+    if len(args.inputs) != 1:
+        raise PlotError("trace draws one file")
+    path = args.inputs[0]
+    ranks = read_trace(path)
+    rows = []
+    for rank in sorted(ranks, key=lambda r: (not isinstance(r, int), str(r))):
+        tracks = ranks[rank]
+        order = sorted(tracks, key=lambda t: (t != "step", t != "compute", t))
+        rows += [(rank, t, tracks[t]) for t in order]
+    fig, ax = plt.subplots(figsize=args.size, dpi=args.dpi,
+                           layout="constrained")
+    colors = {"forward": "tab:blue", "backward": "tab:orange"}
+    for y, (rank, track, spans) in enumerate(rows):
+        for start, dur, name, a in spans:
+            if track == "compute":
+                color = colors.get(a.get("phase"), "tab:gray")
+            elif track == "step":
+                if name in ("step", "micro_batch"):
+                    continue  # the row shows what happens inside them
+                color = "tab:purple" if name == "optimizer" else "tab:gray"
+            else:
+                color = "tab:green" if "gather" in track else "tab:red"
+            ax.broken_barh([(start / 1000, max(dur, 0.5) / 1000)],
+                           (y - 0.4, 0.8), facecolors=color, linewidth=0)
+        if args.print:
+            busy = sum(d for _, d, *_ in spans)
+            print(f"{path}: rank {rank}: {track}: {len(spans)} spans, "
+                  f"{busy:.1f} us")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"rank {r}: {t}" for r, t, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms)")
+    ax.grid(axis="x", alpha=0.3)
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color="tab:blue", label="forward"),
+                       Patch(color="tab:orange", label="backward"),
+                       Patch(color="tab:green", label="all-gather"),
+                       Patch(color="tab:red", label="reduce-scatter / "
+                             "all-reduce"),
+                       Patch(color="tab:purple", label="optimizer")],
+              loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    fig.suptitle(args.title or f"trace: {short(path)}")
+    return fig
+
+
 # --- the command -------------------------------------------------------------
 
 def figure_size(text):
@@ -380,6 +478,8 @@ def parse_args(argv):
                     "and gradient norm from `train --metrics` files", "10x8"),
         "memory": ("PLAN.json", "the per-rank memory of compiled plans "
                    "(plan.json in `compile -o`'s folder)", "10x6"),
+        "trace": ("TRACE.json", "the timeline of a `train --trace` file: "
+                  "compute and collectives per rank", "12x5"),
     }
     for command, (metavar, text, default_size) in helps.items():
         sub = commands.add_parser(command, help=text, description=text)
@@ -419,7 +519,8 @@ def main(argv):
         formats = plt.figure().canvas.get_supported_filetypes()
         plt.close("all")
         fmt = check_output(args.output, args.overwrite, formats)
-        draw = draw_metrics if args.command == "metrics" else draw_memory
+        draw = {"metrics": draw_metrics, "memory": draw_memory,
+                "trace": draw_trace}[args.command]
         fig = draw(args, plt)
         save(fig, args.output, fmt)
     except PlotError as e:

@@ -8,6 +8,9 @@ usage: check_plot.py png FILE WIDTH HEIGHT
          fastllm-plot metrics --print's counts (finite points per field, the
          non-finite steps) and skipped steps equal those of the files (the
          last line of a step counts).
+       check_plot.py trace PRINTED TRACE.json
+         fastllm-plot trace --print drew as many spans per rank and track as
+         the trace file holds complete events.
        check_plot.py memory PRINTED [--arena TRAIN_LOG PLAN] PLAN.json...
          fastllm-plot memory --print drew data_parallel bars per plan, each
          part equal to plan.json's memory_per_rank figure (the weight
@@ -123,6 +126,29 @@ def check_memory(printed, args):
     print(f"ok {bar_count} bars")
 
 
+def check_trace(printed, trace):
+    """fastllm-plot trace --print's span count per rank and track equals
+    the trace file's complete events per (pid, thread_name)."""
+    root = json.load(open(trace))
+    names = {(e["pid"], e["tid"]): e["args"]["name"]
+             for e in root["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    want = {}
+    for e in root["traceEvents"]:
+        if e["ph"] == "X":
+            key = (e["pid"], names[(e["pid"], e["tid"])])
+            want[key] = want.get(key, 0) + 1
+    got = {}
+    for line in open(printed):
+        m = re.match(r".*: rank (\d+): (.+): (\d+) spans, ", line)
+        if m:
+            got[(int(m.group(1)), m.group(2))] = int(m.group(3))
+    if got != want:
+        sys.exit(f"drawn {sorted(got.items())}, the trace holds "
+                 f"{sorted(want.items())}")
+    print(f"ok {len(got)} tracks, {sum(got.values())} spans")
+
+
 def main():
     if sys.argv[1] == "png":
         try:
@@ -131,6 +157,8 @@ def main():
             sys.exit(f"{sys.argv[2]}: not a whole PNG ({e})")
     elif sys.argv[1] == "metrics":
         check_metrics(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1] == "trace":
+        check_trace(sys.argv[2], sys.argv[3])
     else:
         check_memory(sys.argv[2], sys.argv[3:])
 
