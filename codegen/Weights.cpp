@@ -1,8 +1,15 @@
 //===- Weights.cpp - the initial weights as safetensors -------------------===//
 //
 // writeWeights() hands the runtime's safetensors writer the initial values
-// where they lie: an imported weight's resource blob is written from the
-// blob; only a dense attribute (hand-written IR) is converted first.
+// where they lie, never copying a whole tensor: an imported weight's resource
+// blob is written from the blob; a folded weight that the importer left in
+// the exporter's layout (`model.initial_value_transposed`: external data,
+// mapped read-only) is transposed through the writer's bounded buffer; a
+// dense attribute (hand-written IR) is converted the same way.
+//
+// A blob that lies in a read-only file mapping (the importer's mapped
+// external data) has its pages given back once written, so writing the
+// weights of a model larger than memory holds about one tensor at a time.
 //
 //===----------------------------------------------------------------------===//
 
@@ -11,43 +18,158 @@
 #include "runtime/Safetensors.h"
 
 #include "mlir/IR/DialectResourceBlobManager.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+#include <cerrno>
+#include <cstring>
+#include <sys/mman.h>
+#include <unistd.h>
 
 using namespace mlir;
 using namespace mlir::fastllm;
 using namespace mlir::fastllm::model;
 
+/// The importer's mark on a folded weight whose bytes are still the
+/// transpose of its type (frontend/GraphImporter.h).
+static constexpr const char *kInitialValueTransposedAttr =
+    "model.initial_value_transposed";
+
+namespace {
+/// The read-only, private mappings of files that are not programs or
+/// libraries, from /proc/self/maps: pages there are clean copies of the
+/// file, so giving them back loses nothing (a later read faults them in
+/// again). Memory of any other kind (the heap, a library's relocated
+/// read-only data) is never given back.
+class ReadOnlyFileMappings {
+public:
+  ReadOnlyFileMappings() {
+    auto maps = llvm::MemoryBuffer::getFileAsStream("/proc/self/maps");
+    if (!maps)
+      return;
+    SmallVector<StringRef> lines;
+    (*maps)->getBuffer().split(lines, '\n', -1, false);
+    struct Entry {
+      uintptr_t begin, end;
+      StringRef perms, path;
+    };
+    std::vector<Entry> entries;
+    llvm::StringSet<> executables;
+    for (StringRef line : lines) {
+      // begin-end perms offset dev inode [path]
+      SmallVector<StringRef, 6> f;
+      line.split(f, ' ', 5, false);
+      if (f.size() < 6 || f[4] == "0")
+        continue;
+      auto [b, e] = f[0].split('-');
+      Entry entry{0, 0, f[1], f[5].trim()};
+      if (b.getAsInteger(16, entry.begin) || e.getAsInteger(16, entry.end))
+        continue;
+      if (entry.perms.contains('x'))
+        executables.insert(entry.path);
+      entries.push_back(entry);
+    }
+    for (const Entry &e : entries)
+      if (e.perms == "r--p" && !executables.contains(e.path))
+        ranges.push_back({e.begin, e.end});
+  }
+
+  /// Gives back the whole pages of `data` when it lies in one such mapping.
+  void release(const void *data, size_t size) const {
+    uintptr_t begin = reinterpret_cast<uintptr_t>(data), end = begin + size;
+    for (auto [b, e] : ranges) {
+      if (begin < b || end > e)
+        continue;
+      uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+      uintptr_t first = (begin + page - 1) / page * page;
+      uintptr_t last = end / page * page;
+      if (first < last)
+        ::madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
+      return;
+    }
+  }
+
+private:
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+};
+} // namespace
+
+/// Elements [begin, begin + count) of the rows x cols matrix whose bytes
+/// `stored` hold its transpose (cols x rows), into `out`. `begin` and
+/// `count` are whole rows (the writer's chunks are).
+static void readTransposed(const float *stored, int64_t rows, int64_t cols,
+                           uint64_t begin, uint64_t count, float *out) {
+  int64_t r0 = int64_t(begin) / cols, n = int64_t(count) / cols;
+  // Sixteen stored rows at a time: sixteen sequential reads, and each
+  // output row written 64 bytes at a time.
+  constexpr int64_t kBlock = 16;
+  for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+    int64_t c1 = std::min(cols, c0 + kBlock);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = c0; c < c1; ++c)
+        out[i * cols + c] = stored[c * rows + r0 + i];
+  }
+}
+
 LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
   std::vector<::fastllm::rt::TensorRef> tensors;
-  std::vector<std::vector<float>> converted;
+  ReadOnlyFileMappings mappings;
   for (auto p : module.getOps<ParameterOp>()) {
     ElementsAttr init = p.getInitialValueAttr();
     RankedTensorType t = p.getTensorType();
     const size_t bytes = t.getNumElements() * sizeof(float);
-    const float *data = nullptr;
     if (!init)
       return p.emitOpError("has no initial value");
+    ::fastllm::rt::TensorRef ref{
+        p.getSymName().str(),
+        std::vector<int64_t>(t.getShape().begin(), t.getShape().end()),
+        nullptr};
     if (auto res = dyn_cast<DenseResourceElementsAttr>(init)) {
       AsmResourceBlob *blob = res.getRawHandle().getBlob();
-      if (!blob || blob->getData().size() != bytes)
+      if (!blob || blob->getData().size() != bytes ||
+          !t.getElementType().isF32())
         return p.emitOpError("initial value blob is missing or has the wrong "
                              "size");
-      data = reinterpret_cast<const float *>(blob->getData().data());
+      const float *data =
+          reinterpret_cast<const float *>(blob->getData().data());
+      if (p->hasAttr(kInitialValueTransposedAttr)) {
+        if (t.getRank() != 2)
+          return p.emitOpError("has a transposed initial value but is not a "
+                               "matrix");
+        int64_t rows = t.getDimSize(0), cols = t.getDimSize(1);
+        ref.read = [data, rows, cols](uint64_t begin, uint64_t count,
+                                      float *out) {
+          readTransposed(data, rows, cols, begin, count, out);
+        };
+      } else {
+        ref.data = data;
+      }
+      ref.written = [&mappings, data, bytes]() {
+        mappings.release(data, bytes);
+      };
     } else if (auto dense = dyn_cast<DenseElementsAttr>(init)) {
-      std::vector<float> &values = converted.emplace_back();
-      values.reserve(t.getNumElements());
-      for (APFloat f : dense.getValues<APFloat>())
-        values.push_back(f.convertToFloat());
-      data = values.data();
+      if (!t.getElementType().isF32())
+        return p.emitOpError("initial value is not f32");
+      ref.read = [dense](uint64_t begin, uint64_t count, float *out) {
+        auto it = dense.value_begin<APFloat>() + begin;
+        for (uint64_t k = 0; k < count; ++k, ++it)
+          out[k] = (*it).convertToFloat();
+      };
     } else {
       return p.emitOpError("initial value kind is not supported");
     }
-    tensors.push_back(
-        {p.getSymName().str(),
-         std::vector<int64_t>(t.getShape().begin(), t.getShape().end()), data});
+    tensors.push_back(std::move(ref));
   }
   ::fastllm::rt::Status status = ::fastllm::rt::writeSafetensors(
       path.str(), tensors, {{"format", "pt"}, {"producer", "fastllm-opt"}});
-  if (!status.ok())
+  if (!status.ok()) {
+    // write() from a mapping whose file shrank fails with EFAULT (a read in
+    // this process raises SIGBUS instead: frontend/ExternalData.cpp).
+    if (StringRef(status.message()).ends_with(std::strerror(EFAULT)))
+      return module.emitError(status.message())
+             << " (a model file mapped in memory, external data, was "
+                "probably truncated while being read)";
     return module.emitError(status.message());
+  }
   return success();
 }

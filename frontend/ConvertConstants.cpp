@@ -22,11 +22,10 @@ namespace m = mlir::fastllm::model;
 //===----------------------------------------------------------------------===//
 
 LogicalResult converters::convertConstant(NodeImporter &n) {
-  auto err = [&]() { return n.error() << "value "; };
   Builder b(n.getContext());
   if (const onnx::AttributeProto *a =
           n.typedAttribute("value", onnx::AttributeProto::TENSOR)) {
-    auto t = decodeTensorProto(a->t(), n.getContext(), err);
+    auto t = n.decodeTensorAttribute(*a);
     if (failed(t))
       return failure();
     n.setOutput(0, std::move(*t));
@@ -102,8 +101,7 @@ LogicalResult converters::convertConstantOfShape(NodeImporter &n) {
   HostTensor fill = HostTensor::filled(n.getBuilder().getF32Type(), {}, 0);
   if (const onnx::AttributeProto *a =
           n.typedAttribute("value", onnx::AttributeProto::TENSOR)) {
-    auto t = decodeTensorProto(a->t(), n.getContext(),
-                               [&]() { return n.error() << "value "; });
+    auto t = n.decodeTensorAttribute(*a);
     if (failed(t))
       return failure();
     if (t->numElements() != 1)

@@ -3,7 +3,24 @@
 // An initializer may keep its bytes in another file (`data_location:
 // EXTERNAL`). The file must be inside the model's folder, symlinks
 // resolved, and a regular file long enough for the tensor; sizes are checked
-// before anything is allocated.
+// before anything is mapped or allocated.
+//
+// Each such file is mapped once, read-only, and the parameters' resource
+// blobs point into the mapping (immutable blobs), which lives as long as
+// the last blob. Pages come from the page cache: nothing is read until
+// used, nothing is copied, and a scan that is done with a tensor gives its
+// pages back (releaseMappedPages), so the process holds about one tensor
+// of a large model at a time. A folded weight in such a mapping is not
+// transposed in place (nameFoldedWeights marks it instead; codegen/Weights.cpp
+// transposes it while writing weights.safetensors).
+//
+// A file that shrinks while it is mapped makes the next access to its lost
+// pages raise SIGBUS. The handler installed with the first mapping reports
+// that ("fastllm-opt: error: a model file mapped in memory (external data)
+// was truncated while being read; ...") and exits with status 1 at once:
+// the output folder is not updated (compile's `.fastllm-staging-*` folder
+// inside it is left behind). A file rewritten in place while mapped may be
+// read partly old, partly new, as with any reader of a changing file.
 //
 //===----------------------------------------------------------------------===//
 
@@ -12,13 +29,138 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 
+#include <atomic>
+#include <csignal>
 #include <cstring>
 #include <fcntl.h>
+#include <mutex>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 using namespace mlir;
 using namespace mlir::fastllm;
+
+namespace mlir::fastllm {
+/// One external-data file's mapping, unmapped with its last user.
+struct MappedFile {
+  MappedFile(char *base, size_t size) : base(base), size(size) {}
+  MappedFile(const MappedFile &) = delete;
+  MappedFile &operator=(const MappedFile &) = delete;
+  ~MappedFile();
+  char *base;
+  size_t size;
+};
+} // namespace mlir::fastllm
+
+namespace {
+/// The mapped ranges the SIGBUS handler recognises. A fixed table written
+/// before a range is used and cleared when it is unmapped, so the handler
+/// reads it without locks; a mapping beyond its capacity is still used,
+/// and a SIGBUS in it is reported as a plain bus error.
+constexpr int kMaxRanges = 4096;
+std::atomic<uintptr_t> rangeBegin[kMaxRanges], rangeEnd[kMaxRanges];
+std::mutex rangesMutex;
+
+void registerRange(char *base, size_t size, bool add) {
+  std::lock_guard<std::mutex> lock(rangesMutex);
+  uintptr_t b = reinterpret_cast<uintptr_t>(base);
+  for (int i = 0; i < kMaxRanges; ++i) {
+    if (add && rangeBegin[i].load() == 0) {
+      rangeEnd[i].store(b + size);
+      rangeBegin[i].store(b);
+      return;
+    }
+    if (!add && rangeBegin[i].load() == b) {
+      rangeBegin[i].store(0);
+      rangeEnd[i].store(0);
+      return;
+    }
+  }
+}
+
+/// SIGBUS in a mapped model file: it was truncated under us. Anything else
+/// is a real bus error: the default action runs.
+void onBusError(int sig, siginfo_t *info, void *) {
+  uintptr_t at = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (int i = 0; i < kMaxRanges; ++i) {
+    uintptr_t b = rangeBegin[i].load();
+    if (b && at >= b && at < rangeEnd[i].load()) {
+      static const char message[] =
+          "fastllm-opt: error: a model file mapped in memory (external "
+          "data) was truncated while being read; nothing was written to "
+          "the output folder\n";
+      ssize_t ignored = ::write(2, message, sizeof(message) - 1);
+      (void)ignored;
+      ::_exit(1);
+    }
+  }
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+void installBusErrorHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action;
+    std::memset(&action, 0, sizeof(action));
+    action.sa_sigaction = onBusError;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGBUS, &action, nullptr);
+  });
+}
+} // namespace
+
+void mlir::fastllm::releaseMappedPages(ArrayRef<char> data) {
+  if (data.empty())
+    return;
+  uintptr_t begin = reinterpret_cast<uintptr_t>(data.data());
+  uintptr_t end = begin + data.size();
+  bool inMapping = false;
+  for (int i = 0; i < kMaxRanges && !inMapping; ++i) {
+    uintptr_t b = rangeBegin[i].load();
+    inMapping = b && begin >= b && end <= rangeEnd[i].load();
+  }
+  if (!inMapping)
+    return;
+  // Whole pages inside the range only: a neighbour's bytes may share the
+  // first and last. The mapping is read-only, so nothing is lost: a later
+  // read faults the page in again from the page cache.
+  uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  uintptr_t first = (begin + page - 1) / page * page;
+  uintptr_t last = end / page * page;
+  if (first < last)
+    ::madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
+}
+
+MappedFile::~MappedFile() {
+  registerRange(base, size, /*add=*/false);
+  ::munmap(base, size);
+}
+
+std::shared_ptr<MappedFile>
+GraphImporter::mapExternalFile(StringRef realPath, int fd, uint64_t fileSize) {
+  auto it = mappedFiles.find(realPath);
+  if (it != mappedFiles.end())
+    return it->second;
+  std::shared_ptr<MappedFile> mapped;
+  if (fileSize > 0 && fileSize <= SIZE_MAX) {
+    void *base =
+        ::mmap(nullptr, size_t(fileSize), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (base != MAP_FAILED) {
+      installBusErrorHandler();
+      registerRange(static_cast<char *>(base), size_t(fileSize), true);
+      mapped = std::make_shared<MappedFile>(static_cast<char *>(base),
+                                            size_t(fileSize));
+    }
+  }
+  // A file that cannot be mapped is read instead (and asked again next time:
+  // nothing is cached).
+  if (mapped)
+    mappedFiles[realPath] = mapped;
+  return mapped;
+}
 
 int mlir::fastllm::openRegularFile(const std::string &path, uint64_t &size,
                                    std::string &error) {
@@ -42,9 +184,10 @@ int mlir::fastllm::openRegularFile(const std::string &path, uint64_t &size,
   return fd;
 }
 
-FailureOr<std::unique_ptr<std::string>>
+FailureOr<TensorBytes>
 GraphImporter::readExternalData(const onnx::TensorProto &tensor,
-                                size_t expectedBytes) {
+                                size_t expectedBytes, size_t alignment,
+                                StringRef what) {
   std::string location;
   uint64_t offset = 0;
   std::optional<uint64_t> length;
@@ -55,8 +198,7 @@ GraphImporter::readExternalData(const onnx::TensorProto &tensor,
     } else if (kv.key() == "offset" || kv.key() == "length") {
       uint64_t v = std::strtoull(kv.value().c_str(), &end, 10);
       if (kv.value().empty() || *end)
-        return fileError() << "initializer '" << tensor.name()
-                           << "': external data " << kv.key() << " '"
+        return fileError() << what << ": external data " << kv.key() << " '"
                            << kv.value() << "' is not a number";
       if (kv.key() == "offset")
         offset = v;
@@ -65,12 +207,11 @@ GraphImporter::readExternalData(const onnx::TensorProto &tensor,
     }
   }
   auto fail = [&]() {
-    return fileError() << "initializer '" << tensor.name()
-                       << "': external data location '" << location << "' ";
+    return fileError() << what << ": external data location '" << location
+                       << "' ";
   };
   if (location.empty())
-    return fileError() << "initializer '" << tensor.name()
-                       << "': external data has no location";
+    return fileError() << what << ": external data has no location";
   if (modelDir.empty())
     return fail() << "cannot be resolved for a model read from memory";
   if (llvm::sys::path::is_absolute(location))
@@ -98,14 +239,31 @@ GraphImporter::readExternalData(const onnx::TensorProto &tensor,
   int fd = openRegularFile(realPath.str().str(), fileSize, openError);
   if (fd < 0)
     return fail() << openError;
-  // Sizes are checked before anything is allocated.
+  // Sizes are checked before anything is mapped or allocated.
   if (offset > fileSize || expectedBytes > fileSize - offset) {
     ::close(fd);
     return fail() << "is too short: the tensor needs " << expectedBytes
                   << " bytes at offset " << offset << ", the file has "
                   << fileSize;
   }
-  auto bytes = std::make_unique<std::string>(expectedBytes, '\0');
+  if (expectedBytes == 0) {
+    ::close(fd);
+    return TensorBytes{};
+  }
+  // The mapping, when the tensor lies in it at its elements' alignment (the
+  // blob's data must be aligned); a mapping made earlier may be shorter than
+  // the file is now.
+  if (offset % alignment == 0) {
+    std::shared_ptr<MappedFile> mapped =
+        mapExternalFile(realPath, fd, fileSize);
+    if (mapped && offset <= mapped->size &&
+        expectedBytes <= mapped->size - offset) {
+      ::close(fd);
+      return TensorBytes{ArrayRef<char>(mapped->base + offset, expectedBytes),
+                         std::move(mapped), /*mapped=*/true};
+    }
+  }
+  auto bytes = std::make_shared<std::string>(expectedBytes, '\0');
   size_t done = 0;
   while (done < expectedBytes) {
     ssize_t n =
@@ -118,5 +276,27 @@ GraphImporter::readExternalData(const onnx::TensorProto &tensor,
   if (done != expectedBytes)
     return fail() << "is too short: needed " << expectedBytes
                   << " bytes at offset " << offset << ", read " << done;
-  return bytes;
+  ArrayRef<char> data(bytes->data(), bytes->size());
+  return TensorBytes{data, std::move(bytes), /*mapped=*/false};
+}
+
+FailureOr<HostTensor> GraphImporter::decodeConstantTensor(
+    const onnx::TensorProto &tensor, StringRef what,
+    llvm::function_ref<InFlightDiagnostic()> error) {
+  if (tensor.data_location() != onnx::TensorProto::EXTERNAL)
+    return decodeTensorProto(tensor, context, error);
+  auto type = tensorProtoType(tensor, context, error);
+  if (failed(type))
+    return failure();
+  if (type->getNumElements() > kMaxFoldElements)
+    return error() << "has " << type->getNumElements()
+                   << " elements in external data, more than the "
+                   << kMaxFoldElements << " a constant may fold",
+           failure();
+  size_t width = byteWidth(type->getElementType());
+  auto bytes =
+      readExternalData(tensor, type->getNumElements() * width, width, what);
+  if (failed(bytes))
+    return failure();
+  return decodeHost(*type, StringRef(bytes->data.data(), bytes->data.size()));
 }

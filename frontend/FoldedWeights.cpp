@@ -37,6 +37,21 @@ static ArrayRef<float> parameterFloats(model::ParameterOp p) {
                          data.size() / sizeof(float));
 }
 
+/// True when `a` (rows x cols) holds the transpose of `b` (cols x rows),
+/// bit for bit. In 32x32 tiles: an element-by-element walk down `b`'s
+/// columns misses the cache on every element (GPT-2's 154 MB head).
+static bool isTranspose(ArrayRef<float> a, ArrayRef<float> b, int64_t rows,
+                        int64_t cols) {
+  constexpr int64_t kTile = 32;
+  for (int64_t i0 = 0; i0 < rows; i0 += kTile)
+    for (int64_t j0 = 0; j0 < cols; j0 += kTile)
+      for (int64_t i = i0; i < std::min(rows, i0 + kTile); ++i)
+        for (int64_t j = j0; j < std::min(cols, j0 + kTile); ++j)
+          if (std::memcmp(&a[i * cols + j], &b[j * rows + i], sizeof(float)))
+            return false;
+  return true;
+}
+
 /// Constant folding (the exporter's default) replaces `x @ W.t()` by a
 /// folded initializer holding W transposed, under a generated name
 /// (`onnx::MatMul_N`): a tied embedding and head would silently train as
@@ -52,7 +67,13 @@ void GraphImporter::tieFoldedCopies() {
     if (!name.starts_with("onnx::") || type.getRank() != 2)
       continue;
     ArrayRef<float> data = parameterFloats(copy);
-    if (data.empty() || llvm::all_equal(data))
+    auto release = [](ArrayRef<float> floats) {
+      releaseMappedPages(ArrayRef<char>(
+          reinterpret_cast<const char *>(floats.data()), floats.size() * 4));
+    };
+    bool allEqual = llvm::all_equal(data);
+    release(data);
+    if (data.empty() || allEqual)
       continue;
     int64_t rows = type.getDimSize(0), cols = type.getDimSize(1);
     for (model::ParameterOp source : params) {
@@ -66,11 +87,10 @@ void GraphImporter::tieFoldedCopies() {
       bool same = shape == type.getShape() &&
                   std::memcmp(src.data(), data.data(),
                               data.size() * sizeof(float)) == 0;
-      bool transposed = !same && shape[0] == cols && shape[1] == rows;
-      for (int64_t i = 0; transposed && i < rows; ++i)
-        for (int64_t j = 0; transposed && j < cols; ++j)
-          transposed = std::memcmp(&data[i * cols + j], &src[j * rows + i],
-                                   sizeof(float)) == 0;
+      bool transposed = !same && shape[0] == cols && shape[1] == rows &&
+                        isTranspose(data, src, rows, cols);
+      release(data);
+      release(src);
       if (!same && !transposed)
         continue;
       ImportedValue view;
@@ -84,6 +104,13 @@ void GraphImporter::tieFoldedCopies() {
       views.push_back(builder.getStringAttr(
           (name + (transposed ? " = transpose" : " = copy")).str()));
       source->setAttr("model.folded_views", builder.getArrayAttr(views));
+      // The copy's bytes go now: nothing else reads its blob (each
+      // initializer has its own), and the blob manager would keep them
+      // (GPT-2's tied head: 154 MB) until the context goes.
+      cast<DenseResourceElementsAttr>(copy.getInitialValueAttr())
+          .getRawHandle()
+          .getResource()
+          ->setBlob(AsmResourceBlob());
       copy.erase();
       break;
     }
@@ -275,12 +302,30 @@ bool GraphImporter::splitParameter(StringRef from, StringRef to) {
                 builder.getStringAttr(original.getSymName()));
   if (name != to)
     copy->setAttr("model.folded_from", builder.getStringAttr(to));
+  // The same bytes, in the same layout.
+  if (original->hasAttr(kInitialValueTransposedAttr))
+    copy->setAttr(kInitialValueTransposedAttr, builder.getUnitAttr());
   ImportedValue v;
   v.type = source->type;
   v.parameter = name;
   v.transposed = source->transposed;
   values[to] = std::move(v);
   return true;
+}
+
+/// Transposes the rows x cols elements of `width` bytes in `bytes` where
+/// they are (one scratch copy). In 32x32 tiles: a row-by-row transpose of a
+/// 768x2304 matrix misses the cache on every element.
+static void transposeInPlace(MutableArrayRef<char> bytes, int64_t rows,
+                             int64_t cols, size_t width) {
+  std::vector<char> scratch(bytes.begin(), bytes.end());
+  constexpr int64_t kTile = 32;
+  for (int64_t i0 = 0; i0 < rows; i0 += kTile)
+    for (int64_t j0 = 0; j0 < cols; j0 += kTile)
+      for (int64_t i = i0; i < std::min(rows, i0 + kTile); ++i)
+        for (int64_t j = j0; j < std::min(cols, j0 + kTile); ++j)
+          std::memcpy(&bytes[(j * rows + i) * width],
+                      &scratch[(i * cols + j) * width], width);
 }
 
 void GraphImporter::nameFoldedWeights() {
@@ -297,21 +342,15 @@ void GraphImporter::nameFoldedWeights() {
     std::string name = path.empty() ? std::string() : claimWeightName(path);
     if (name.empty())
       continue;
-    // Transpose the bytes where they are (one scratch copy of this tensor).
+    // Transpose the bytes where they are (one scratch copy of this tensor),
+    // or, when they lie in a read-only mapping of external data, when they
+    // are written out (kInitialValueTransposedAttr).
     int64_t rows = type.getDimSize(0), cols = type.getDimSize(1);
-    MutableArrayRef<char> bytes =
-        res.getRawHandle().getBlob()->getMutableData();
-    size_t width = byteWidth(type.getElementType());
-    std::vector<char> scratch(bytes.begin(), bytes.end());
-    // In 32x32 tiles: a row-by-row transpose of a 768x2304 matrix misses the
-    // cache on every element.
-    constexpr int64_t kTile = 32;
-    for (int64_t i0 = 0; i0 < rows; i0 += kTile)
-      for (int64_t j0 = 0; j0 < cols; j0 += kTile)
-        for (int64_t i = i0; i < std::min(rows, i0 + kTile); ++i)
-          for (int64_t j = j0; j < std::min(cols, j0 + kTile); ++j)
-            std::memcpy(&bytes[(j * rows + i) * width],
-                        &scratch[(i * cols + j) * width], width);
+    AsmResourceBlob *blob = res.getRawHandle().getBlob();
+    bool inPlace = blob->isMutable();
+    if (inPlace)
+      transposeInPlace(blob->getMutableData(), rows, cols,
+                       byteWidth(type.getElementType()));
     auto stored = RankedTensorType::get({cols, rows}, type.getElementType());
     OpBuilder::InsertionGuard guard(builder);
     builder.setInsertionPointAfter(param);
@@ -319,6 +358,8 @@ void GraphImporter::nameFoldedWeights() {
         NameLoc::get(builder.getStringAttr(name), fileLoc), name, stored,
         DenseResourceElementsAttr::get(stored, res.getRawHandle()));
     renamed->setAttr("model.folded_from", builder.getStringAttr(old));
+    if (!inPlace)
+      renamed->setAttr(kInitialValueTransposedAttr, builder.getUnitAttr());
     ImportedValue view;
     view.type = type;
     view.parameter = name;

@@ -32,6 +32,32 @@
 
 namespace mlir::fastllm {
 
+/// An external-data file mapped into memory (ExternalData.cpp).
+struct MappedFile;
+
+/// An initializer's bytes and what keeps them alive: the read-only mapping
+/// of its external-data file (`mapped`), or the string that holds them
+/// (raw_data taken over from the protobuf, or a copy of the typed fields;
+/// writable, so that nameFoldedWeights can transpose a weight where it lies).
+struct TensorBytes {
+  ArrayRef<char> data;
+  std::shared_ptr<void> owner;
+  bool mapped = false;
+};
+
+/// The attribute nameFoldedWeights sets on a renamed folded weight whose
+/// bytes lie in a read-only mapping: its initial value's bytes are still the
+/// exporter's layout, the [in, out] transpose of the parameter's [out, in]
+/// type, and are transposed when weights.safetensors is written
+/// (codegen/Weights.cpp reads the same name).
+constexpr const char *kInitialValueTransposedAttr =
+    "model.initial_value_transposed";
+
+/// Gives back the pages of `data` when it lies in a mapped external-data
+/// file (a scan is done with it; a later read faults them in again from
+/// the page cache); does nothing for other memory.
+void releaseMappedPages(ArrayRef<char> data);
+
 class GraphImporter {
 public:
   GraphImporter(MLIRContext *context, StringRef name, StringRef modelDir,
@@ -43,6 +69,12 @@ public:
   OwningOpRef<ModuleOp> run(onnx::ModelProto &model);
 
   InFlightDiagnostic fileError() { return mlir::emitError(fileLoc); }
+  /// A Constant node's tensor (`what` names it in errors) as a host tensor,
+  /// its bytes inside the model or in external data (PyTorch writes a large
+  /// model's constants there too).
+  FailureOr<HostTensor>
+  decodeConstantTensor(const onnx::TensorProto &tensor, StringRef what,
+                       llvm::function_ref<InFlightDiagnostic()> error);
   ImportedValue *lookup(StringRef valueName) {
     auto it = values.find(valueName);
     return it == values.end() ? nullptr : &it->second;
@@ -100,8 +132,15 @@ private:
   void nameFoldedWeights();
 
   // ExternalData.cpp
-  FailureOr<std::unique_ptr<std::string>>
-  readExternalData(const onnx::TensorProto &tensor, size_t expectedBytes);
+  /// The bytes of `tensor`'s external data (`what` names it in errors:
+  /// "initializer 'w'"), mapped when aligned for `alignment`.
+  FailureOr<TensorBytes> readExternalData(const onnx::TensorProto &tensor,
+                                          size_t expectedBytes,
+                                          size_t alignment, StringRef what);
+  /// The mapping of the external-data file at `realPath` (open as `fd`,
+  /// `fileSize` bytes), made once per file; null when it cannot be mapped.
+  std::shared_ptr<MappedFile> mapExternalFile(StringRef realPath, int fd,
+                                              uint64_t fileSize);
 
   MLIRContext *context;
   std::string name, modelDir;
@@ -118,6 +157,8 @@ private:
   // uses, and the modules it names in full.
   llvm::StringMap<SmallVector<std::pair<const onnx::NodeProto *, int>>> readers;
   llvm::StringSet<> takenNames, namedModules;
+  // See mapExternalFile: each external-data file mapped once, by real path.
+  llvm::StringMap<std::shared_ptr<MappedFile>> mappedFiles;
 };
 
 //===----------------------------------------------------------------------===//
@@ -144,7 +185,7 @@ tensorProtoBytes(const onnx::TensorProto &tensor, RankedTensorType type,
                  llvm::function_ref<InFlightDiagnostic()> error);
 
 /// The host tensor of `type` whose little-endian elements are `bytes`.
-HostTensor decodeHost(RankedTensorType type, const std::string &bytes);
+HostTensor decodeHost(RankedTensorType type, StringRef bytes);
 
 } // namespace mlir::fastllm
 

@@ -49,32 +49,38 @@ LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
     size_t width = byteWidth(elementType);
     size_t expected = type->getNumElements() * width;
 
-    // The bytes: external data, raw_data moved out of the proto, or a copy of
-    // the typed fields (small tensors only, in practice).
-    std::unique_ptr<std::string> bytes;
+    // The bytes: external data (mapped), raw_data taken over from the
+    // proto, or a copy of the typed fields (small tensors only, in practice).
+    TensorBytes bytes;
     if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
-      auto ext = readExternalData(tensor, expected);
+      auto ext = readExternalData(tensor, expected, width,
+                                  "initializer '" + tname + "'");
       if (failed(ext))
         return failure();
       bytes = std::move(*ext);
     } else if (tensor.has_raw_data() && tensor.raw_data().size() == expected) {
-      bytes.reset(tensor.release_raw_data());
+      std::shared_ptr<std::string> owned(tensor.release_raw_data());
+      bytes = {ArrayRef<char>(owned->data(), owned->size()), std::move(owned)};
     } else {
       auto copied = tensorProtoBytes(tensor, *type, error);
       if (failed(copied))
         return failure();
-      bytes = std::move(*copied);
+      std::shared_ptr<std::string> owned(std::move(*copied));
+      bytes = {ArrayRef<char>(owned->data(), owned->size()), std::move(owned)};
     }
 
     ImportedValue value;
     value.type = *type;
     if (isa<FloatType>(elementType)) {
-      // A weight: its bytes become the parameter's resource blob, held once.
-      ArrayRef<char> data(bytes->data(), bytes->size());
-      std::string *owned = bytes.release();
+      // A weight: its bytes become the parameter's resource blob, held once
+      // (the blob keeps their owner alive).
+      // nameFoldedWeights transposes a weight in place unless it is mapped.
       AsmResourceBlob blob(
-          data, width, [owned](void *, size_t, size_t) { delete owned; },
-          /*dataIsMutable=*/true); // nameFoldedWeights transposes in place
+          bytes.data, width,
+          [owner = std::move(bytes.owner)](void *, size_t, size_t) mutable {
+            owner.reset();
+          },
+          /*dataIsMutable=*/!bytes.mapped);
       // Resource keys must be bare identifiers; the symbol keeps the real
       // name and the blob manager makes the key unique.
       std::string key = tname;
@@ -91,7 +97,8 @@ LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
           attr);
       value.parameter = tname;
     } else {
-      value.host = std::make_shared<HostTensor>(decodeHost(*type, *bytes));
+      value.host = std::make_shared<HostTensor>(
+          decodeHost(*type, StringRef(bytes.data.data(), bytes.data.size())));
     }
     values[tname] = std::move(value);
   }
@@ -102,6 +109,39 @@ LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
 // Trained or frozen
 //===----------------------------------------------------------------------===//
 
+/// True when some element of `data`, read as UInt, has all the bits of
+/// `exponent` set (an infinity or a NaN). Blocks of 4096 elements without an
+/// early exit inside, so the compiler vectorises the scan.
+template <typename UInt>
+static bool anyExponentAllOnes(ArrayRef<char> data, UInt exponent) {
+  size_t n = data.size() / sizeof(UInt);
+  for (size_t i0 = 0; i0 < n; i0 += 4096) {
+    size_t i1 = std::min(n, i0 + 4096);
+    bool found = false;
+    for (size_t i = i0; i < i1; ++i) {
+      UInt bits;
+      std::memcpy(&bits, data.data() + i * sizeof(UInt), sizeof(UInt));
+      found |= (bits & exponent) == exponent;
+    }
+    if (found)
+      return true;
+  }
+  return false;
+}
+
+/// True when `data`, elements of type `t`, holds an infinity or a NaN.
+static bool anyNonFinite(ArrayRef<char> data, Type t) {
+  if (t.isF32())
+    return anyExponentAllOnes<uint32_t>(data, 0x7F800000u);
+  if (t.isF64())
+    return anyExponentAllOnes<uint64_t>(data, 0x7FF0000000000000ull);
+  if (t.isF16())
+    return anyExponentAllOnes<uint16_t>(data, 0x7C00);
+  if (t.isBF16())
+    return anyExponentAllOnes<uint16_t>(data, 0x7F80);
+  return false;
+}
+
 /// True when the parameter's initial value holds an infinity or a NaN (an
 /// additive `-inf` attention mask, say): such a tensor is not a weight.
 static bool holdsNonFinite(model::ParameterOp p) {
@@ -110,40 +150,10 @@ static bool holdsNonFinite(model::ParameterOp p) {
   AsmResourceBlob *blob = res ? res.getRawHandle().getBlob() : nullptr;
   if (!blob)
     return false;
-  ArrayRef<char> data = blob->getData();
-  Type t = p.getTensorType().getElementType();
-  auto all16 = [&](uint16_t exponent) {
-    for (size_t i = 0; i + 1 < data.size(); i += 2) {
-      uint16_t bits;
-      std::memcpy(&bits, &data[i], 2);
-      if ((bits & exponent) == exponent)
-        return true;
-    }
-    return false;
-  };
-  if (t.isF32()) {
-    for (size_t i = 0; i + 3 < data.size(); i += 4) {
-      float v;
-      std::memcpy(&v, &data[i], 4);
-      if (!std::isfinite(v))
-        return true;
-    }
-    return false;
-  }
-  if (t.isF64()) {
-    for (size_t i = 0; i + 7 < data.size(); i += 8) {
-      double v;
-      std::memcpy(&v, &data[i], 8);
-      if (!std::isfinite(v))
-        return true;
-    }
-    return false;
-  }
-  if (t.isF16())
-    return all16(0x7C00);
-  if (t.isBF16())
-    return all16(0x7F80);
-  return false;
+  bool found =
+      anyNonFinite(blob->getData(), p.getTensorType().getElementType());
+  releaseMappedPages(blob->getData());
+  return found;
 }
 
 /// Which float initializers are trained. PyTorch trains what

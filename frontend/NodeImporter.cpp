@@ -168,3 +168,11 @@ FailureOr<int64_t> NodeImporter::normalizeAxis(int64_t axis, int64_t rank) {
            failure();
   return axis < 0 ? axis + rank : axis;
 }
+
+FailureOr<HostTensor>
+NodeImporter::decodeTensorAttribute(const onnx::AttributeProto &attr) {
+  std::string what =
+      "node '" + displayName + "' (" + node.op_type() + "): " + attr.name();
+  return graph.decodeConstantTensor(
+      attr.t(), what, [&]() { return error() << attr.name() << " "; });
+}

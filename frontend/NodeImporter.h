@@ -108,6 +108,9 @@ public:
   FailureOr<int64_t> normalizeAxis(int64_t axis, int64_t rank);
   /// Fails unless a host tensor of `shape` is small enough to fold.
   LogicalResult checkFoldSize(ArrayRef<int64_t> shape);
+  /// The tensor of attribute `attr` (a Constant's value) as a host tensor,
+  /// inline or in external data; errors start "node 'NAME' (Op): value ".
+  FailureOr<HostTensor> decodeTensorAttribute(const onnx::AttributeProto &attr);
 
   template <typename OpTy, typename... Args>
   Value create(Type resultType, Args &&...args) {
@@ -158,7 +161,8 @@ constexpr int64_t kMaxFoldElements = int64_t(1) << 26;
 constexpr int64_t kMaxTotalFoldElements = int64_t(1) << 27;
 
 /// Decodes a TensorProto held inside the model (Constant nodes and their
-/// kin) into a host tensor; external data is not accepted here.
+/// kin) into a host tensor; external data is not accepted here (see
+/// NodeImporter::decodeTensorAttribute).
 FailureOr<HostTensor>
 decodeTensorProto(const onnx::TensorProto &tensor, MLIRContext *context,
                   llvm::function_ref<InFlightDiagnostic()> error);

@@ -164,8 +164,7 @@ FailureOr<std::unique_ptr<std::string>> mlir::fastllm::tensorProtoBytes(
   return bytes;
 }
 
-HostTensor mlir::fastllm::decodeHost(RankedTensorType type,
-                                     const std::string &bytes) {
+HostTensor mlir::fastllm::decodeHost(RankedTensorType type, StringRef bytes) {
   HostTensor host;
   host.elementType = type.getElementType();
   host.shape.assign(type.getShape().begin(), type.getShape().end());

@@ -7,6 +7,7 @@
 #include "runtime/Json.h"
 #include "runtime/OutputFile.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -240,8 +241,29 @@ Status fastllm::rt::writeSafetensors(
   OutputFile file(path);
   bool ok = file.open() && file.write(&headerBytes, 8) &&
             file.write(header.data(), headerBytes);
-  for (const TensorRef &t : tensors)
-    ok = ok && file.write(t.data, *numElements(t.shape) * sizeof(float));
+  std::vector<float> buffer;
+  for (const TensorRef &t : tensors) {
+    if (!ok)
+      break;
+    uint64_t count = *numElements(t.shape);
+    if (t.data) {
+      ok = file.write(t.data, count * sizeof(float));
+    } else {
+      // Whole rows of the last dim, about kWriteBufferBytes at a time.
+      uint64_t row =
+          t.shape.empty() ? 1 : uint64_t(std::max<int64_t>(t.shape.back(), 1));
+      uint64_t chunk =
+          std::max<uint64_t>(kWriteBufferBytes / sizeof(float) / row, 1) * row;
+      for (uint64_t begin = 0; ok && begin < count; begin += chunk) {
+        uint64_t n = std::min(chunk, count - begin);
+        buffer.resize(std::min(chunk, count));
+        t.read(begin, n, buffer.data());
+        ok = file.write(buffer.data(), n * sizeof(float));
+      }
+    }
+    if (ok && t.written)
+      t.written();
+  }
   if (!ok || !file.commit())
     return Status::error(file.error());
   if (written) {

@@ -15,6 +15,7 @@
 #include "runtime/Status.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,12 +55,21 @@ private:
   std::vector<TensorEntry> entries;
 };
 
-/// A float tensor to write.
+/// A float tensor to write: its elements at `data`, or, when `data` is
+/// null, produced by `read` into the writer's bounded buffer (whole rows of
+/// the last dim at a time) so that no copy of the tensor is ever made.
 struct TensorRef {
   std::string name;
   std::vector<int64_t> shape;
   const float *data;
+  /// Writes the `count` elements that start at element `begin` to `out`.
+  std::function<void(uint64_t begin, uint64_t count, float *out)> read = {};
+  /// Called once the tensor's bytes are written (to let go of them).
+  std::function<void()> written = {};
 };
+
+/// The most bytes writeSafetensors buffers for a tensor given by `read`.
+constexpr uint64_t kWriteBufferBytes = uint64_t(8) << 20;
 
 /// What a writer put in a file.
 struct WrittenFile {
@@ -71,6 +81,8 @@ struct WrittenFile {
 /// temporary file in the same folder, synced and renamed over `path`, so
 /// readers see the old file or the complete new one; a device, FIFO,
 /// directory or symlink at `path` is refused, never written through.
+/// Tensors stream from where they lie: `data` is written as is, `read`
+/// fills a buffer of at most kWriteBufferBytes (or one row, if larger).
 /// `written`, when given, receives the tensor count and file size.
 Status writeSafetensors(
     const std::string &path, const std::vector<TensorRef> &tensors,

@@ -763,12 +763,24 @@ static bool writeArtifacts(ModuleOp module,
                            const CompileFlags &flags, StagedOutput &output,
                            PhaseTimer &timer) {
   auto path = [&](StringRef name) { return output.path(name); };
+  // The plan is for reading: constants of more than 64 elements print as
+  // `dense_resource<__elided__>` and the weights are named, never printed
+  // (weights.safetensors holds them). The module is printed as a local scope
+  // so that the printer does not build the `dialect_resources` section at
+  // all: MLIR 19 renders every referenced blob as hex before deciding to
+  // elide it, which cost three quarters of `--emit mlir` and twice the
+  // largest weight in memory. (Attribute aliases, which plan.mlir does not
+  // have today, would print inline.)
   std::string text;
   raw_string_ostream os(text);
-  module.print(
-      os,
-      OpPrintingFlags().elideLargeResourceString(64).elideLargeElementsAttrs(
-          64));
+  os << "// The planned IR, for reading: constants of more than 64 elements "
+        "are\n// elided (dense_resource<__elided__>) and weights are named, "
+        "not included\n// (weights.safetensors holds them). `fastllm-opt "
+        "translate` reads this file\n// only when no constant the step uses "
+        "is elided.\n";
+  module.print(os,
+               OpPrintingFlags().elideLargeElementsAttrs(64).useLocalScope());
+  os << "\n";
   if (!writeFile(path("plan.mlir"), text) ||
       !writeFile(path("plan.json"), planJson(module, plan, flags.target)))
     return false;
