@@ -9,6 +9,8 @@
 #include "codegen/StepEmitter.h"
 #include "runtime/ModelABI.h"
 
+#include "mlir/IR/DialectResourceBlobManager.h"
+
 #include "llvm/Support/Format.h"
 
 #include <cmath>
@@ -21,9 +23,18 @@ LogicalResult StepEmitter::emitConstants(func::FuncOp step) {
   llvm::raw_string_ostream cs(constants);
   for (auto c : step.getOps<ConstantOp>()) {
     auto dense = dyn_cast<DenseElementsAttr>(c.getValue());
-    if (!dense)
+    if (!dense) {
+      // compile's plan.mlir elides large constants (it is for reading):
+      // they are `dense_resource<__elided__>` there, with no values.
+      auto resource = dyn_cast<DenseResourceElementsAttr>(c.getValue());
+      if (resource && resource.getRawHandle().getKey() == "__elided__")
+        return c.emitOpError("holds a constant that compile's plan.mlir "
+                             "leaves out (large constants are elided there); "
+                             "`compile --emit source` writes the step's "
+                             "source with it");
       return c.emitOpError("only dense constants are supported by the ")
              << desc.name << " target";
+    }
     auto type = cType(dense.getElementType(), c);
     if (failed(type))
       return failure();
