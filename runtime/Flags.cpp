@@ -259,7 +259,8 @@ const Flag kFlags[] = {
      }},
     {"log-every", "N", "10",
      "print a progress line after every N-th step (and after step 1, the "
-     "last step and any skipped step); 10 keeps a long run's log readable "
+     "last step, any skipped step and each evaluated one); 10 keeps a long "
+     "run's log readable "
      "while the --metrics file keeps every step",
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
        return parseInt(f, v, 1, o.logEvery);

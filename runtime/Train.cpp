@@ -663,9 +663,10 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     if (metrics)
       if (Status st = metrics->append(record); !st.ok())
         return st;
+    // An evaluation's line follows its step's line, whatever --log-every.
     const bool logged = s == 0 || (s + 1) % opts.logEvery == 0 ||
                         s + 1 == opts.steps || skipped || stopSignal ||
-                        s == firstStep;
+                        s == firstStep || evaluating;
     if (log && logged) {
       double eta =
           totalSeconds / double(s + 1 - firstStep) * double(opts.steps - s - 1);
