@@ -188,22 +188,28 @@ def integer(obj, key, where):
     return value
 
 
+def read_json(path, what):
+    """The JSON document in `path`; a missing, binary or malformed file is a
+    PlotError naming it (and the line), `what` saying what it should be."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise PlotError(f"cannot read '{path}': {e.strerror}")
+    except UnicodeDecodeError:
+        raise PlotError(f"'{path}' is not text (not {what})")
+    except json.JSONDecodeError as e:
+        raise PlotError(f"{path}:{e.lineno}: not JSON: {e.msg} "
+                        f"(column {e.colno})")
+
+
 def read_plan(path):
     """(zero stage, dp, target, [(key, label, bytes)], total) of a plan.json.
     The frozen parameters (plan.frozen_elements fp32 values) are drawn apart
     from the weight buffers that include them (the trainable rest keyed
     weight_buffers_trainable_bytes); the parts must not exceed
     the total, and what the total holds beyond them is drawn as "other"."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            root = json.load(f)
-    except OSError as e:
-        raise PlotError(f"cannot read '{path}': {e.strerror}")
-    except UnicodeDecodeError:
-        raise PlotError(f"'{path}' is not text (not a plan.json)")
-    except json.JSONDecodeError as e:
-        raise PlotError(f"{path}:{e.lineno}: not JSON: {e.msg} "
-                        f"(column {e.colno})")
+    root = read_json(path, "a plan.json")
     if not isinstance(root, dict) or not isinstance(root.get("plan"), dict) \
             or not isinstance(root.get("memory_per_rank"), dict):
         raise PlotError(f"'{path}' has no \"plan\" and \"memory_per_rank\" "
@@ -312,16 +318,7 @@ def read_trace(path):
     """{rank: {track name: [(start us, duration us, name, args)]}} of the
     complete ("X") events of a `train --trace` file, with the tracks' names
     from its thread_name metadata; the file's first event is time 0."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            root = json.load(f)
-    except OSError as e:
-        raise PlotError(f"cannot read '{path}': {e.strerror}")
-    except UnicodeDecodeError:
-        raise PlotError(f"'{path}' is not text (not a trace)")
-    except json.JSONDecodeError as e:
-        raise PlotError(f"{path}:{e.lineno}: not JSON: {e.msg} "
-                        f"(column {e.colno})")
+    root = read_json(path, "a trace")
     events = root.get("traceEvents") if isinstance(root, dict) else None
     if not isinstance(events, list):
         raise PlotError(f"'{path}' has no \"traceEvents\" list: not the "
