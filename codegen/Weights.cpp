@@ -96,8 +96,10 @@ private:
 
 /// Elements [begin, begin + count) of the rows x cols matrix whose bytes
 /// `stored` hold its transpose (cols x rows), into `out`. `begin` and
-/// `count` are whole rows (the writer's chunks are).
-static void readTransposed(const float *stored, int64_t rows, int64_t cols,
+/// `count` are whole rows (the writer's chunks are). `stored` may be
+/// unaligned (raw data inside a mapped .onnx): elements are loaded with
+/// memcpy.
+static void readTransposed(const char *stored, int64_t rows, int64_t cols,
                            uint64_t begin, uint64_t count, float *out) {
   int64_t r0 = int64_t(begin) / cols, n = int64_t(count) / cols;
   // Sixteen stored rows at a time: sixteen sequential reads, and each
@@ -107,7 +109,9 @@ static void readTransposed(const float *stored, int64_t rows, int64_t cols,
     int64_t c1 = std::min(cols, c0 + kBlock);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = c0; c < c1; ++c)
-        out[i * cols + c] = stored[c * rows + r0 + i];
+        std::memcpy(&out[i * cols + c],
+                    stored + (c * rows + r0 + i) * sizeof(float),
+                    sizeof(float));
   }
 }
 
@@ -130,8 +134,7 @@ LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
           !t.getElementType().isF32())
         return p.emitOpError("initial value blob is missing or has the wrong "
                              "size");
-      const float *data =
-          reinterpret_cast<const float *>(blob->getData().data());
+      const char *data = blob->getData().data();
       if (p->hasAttr(kInitialValueTransposedAttr)) {
         if (t.getRank() != 2)
           return p.emitOpError("has a transposed initial value but is not a "
@@ -142,7 +145,7 @@ LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
           readTransposed(data, rows, cols, begin, count, out);
         };
       } else {
-        ref.data = data;
+        ref.data = reinterpret_cast<const float *>(data);
       }
       ref.written = [&mappings, data, bytes]() {
         mappings.release(data, bytes);

@@ -12,12 +12,14 @@
 // pages back (releaseMappedPages), so the process holds about one tensor
 // of a large model at a time. A folded weight in such a mapping is not
 // transposed in place (nameFoldedWeights marks it instead; codegen/Weights.cpp
-// transposes it while writing weights.safetensors).
+// transposes it while writing weights.safetensors). The .onnx file itself
+// is mapped the same way (MappedModel.cpp).
 //
 // A file that shrinks while it is mapped makes the next access to its lost
 // pages raise SIGBUS. The handler installed with the first mapping reports
-// that ("fastllm-opt: error: a model file mapped in memory (external data)
-// was truncated while being read; ...") and exits with status 1 at once:
+// that ("fastllm-opt: error: a model file mapped in memory (the .onnx or its
+// external data) was truncated while being read; ...") and exits with
+// status 1 at once:
 // the output folder is not updated (compile's `.fastllm-staging-*` folder
 // inside it is left behind). A file rewritten in place while mapped may be
 // read partly old, partly new, as with any reader of a changing file.
@@ -40,18 +42,6 @@
 
 using namespace mlir;
 using namespace mlir::fastllm;
-
-namespace mlir::fastllm {
-/// One external-data file's mapping, unmapped with its last user.
-struct MappedFile {
-  MappedFile(char *base, size_t size) : base(base), size(size) {}
-  MappedFile(const MappedFile &) = delete;
-  MappedFile &operator=(const MappedFile &) = delete;
-  ~MappedFile();
-  char *base;
-  size_t size;
-};
-} // namespace mlir::fastllm
 
 namespace {
 /// The mapped ranges the SIGBUS handler recognises. A fixed table written
@@ -87,9 +77,9 @@ void onBusError(int sig, siginfo_t *info, void *) {
     uintptr_t b = rangeBegin[i].load();
     if (b && at >= b && at < rangeEnd[i].load()) {
       static const char message[] =
-          "fastllm-opt: error: a model file mapped in memory (external "
-          "data) was truncated while being read; nothing was written to "
-          "the output folder\n";
+          "fastllm-opt: error: a model file mapped in memory (the .onnx "
+          "or its external data) was truncated while being read; nothing "
+          "was written to the output folder\n";
       ssize_t ignored = ::write(2, message, sizeof(message) - 1);
       (void)ignored;
       ::_exit(1);
@@ -139,22 +129,24 @@ MappedFile::~MappedFile() {
   ::munmap(base, size);
 }
 
+std::shared_ptr<MappedFile> mlir::fastllm::mapFileReadOnly(int fd,
+                                                           uint64_t size) {
+  if (size == 0 || size > SIZE_MAX)
+    return nullptr;
+  void *base = ::mmap(nullptr, size_t(size), PROT_READ, MAP_PRIVATE, fd, 0);
+  if (base == MAP_FAILED)
+    return nullptr;
+  installBusErrorHandler();
+  registerRange(static_cast<char *>(base), size_t(size), true);
+  return std::make_shared<MappedFile>(static_cast<char *>(base), size_t(size));
+}
+
 std::shared_ptr<MappedFile>
 GraphImporter::mapExternalFile(StringRef realPath, int fd, uint64_t fileSize) {
   auto it = mappedFiles.find(realPath);
   if (it != mappedFiles.end())
     return it->second;
-  std::shared_ptr<MappedFile> mapped;
-  if (fileSize > 0 && fileSize <= SIZE_MAX) {
-    void *base =
-        ::mmap(nullptr, size_t(fileSize), PROT_READ, MAP_PRIVATE, fd, 0);
-    if (base != MAP_FAILED) {
-      installBusErrorHandler();
-      registerRange(static_cast<char *>(base), size_t(fileSize), true);
-      mapped = std::make_shared<MappedFile>(static_cast<char *>(base),
-                                            size_t(fileSize));
-    }
-  }
+  std::shared_ptr<MappedFile> mapped = mapFileReadOnly(fd, fileSize);
   // A file that cannot be mapped is read instead (and asked again next time:
   // nothing is cached).
   if (mapped)

@@ -23,8 +23,9 @@
 using namespace mlir;
 using namespace mlir::fastllm;
 
-/// The f32 elements of a parameter's initial value, when held as a blob.
-static ArrayRef<float> parameterFloats(model::ParameterOp p) {
+/// The bytes of a parameter's f32 initial value, when held as a blob. They
+/// may lie unaligned in a mapped .onnx file: elements are compared as bytes.
+static ArrayRef<char> parameterBytes(model::ParameterOp p) {
   auto res =
       dyn_cast_or_null<DenseResourceElementsAttr>(p.getInitialValueAttr());
   if (!res || !p.getTensorType().getElementType().isF32())
@@ -33,21 +34,28 @@ static ArrayRef<float> parameterFloats(model::ParameterOp p) {
   if (!blob)
     return {};
   ArrayRef<char> data = blob->getData();
-  return ArrayRef<float>(reinterpret_cast<const float *>(data.data()),
-                         data.size() / sizeof(float));
+  return data.take_front(data.size() / sizeof(float) * sizeof(float));
 }
 
-/// True when `a` (rows x cols) holds the transpose of `b` (cols x rows),
+/// True when every 4-byte element of `data` has the bits of the first.
+static bool allElementsEqual(ArrayRef<char> data) {
+  for (size_t k = sizeof(float); k < data.size(); k += sizeof(float))
+    if (std::memcmp(data.data(), data.data() + k, sizeof(float)))
+      return false;
+  return true;
+}
+
+/// True when `a` (rows x cols f32) holds the transpose of `b` (cols x rows),
 /// bit for bit. In 32x32 tiles: an element-by-element walk down `b`'s
 /// columns misses the cache on every element (GPT-2's 154 MB head).
-static bool isTranspose(ArrayRef<float> a, ArrayRef<float> b, int64_t rows,
+static bool isTranspose(const char *a, const char *b, int64_t rows,
                         int64_t cols) {
-  constexpr int64_t kTile = 32;
+  constexpr int64_t kTile = 32, w = sizeof(float);
   for (int64_t i0 = 0; i0 < rows; i0 += kTile)
     for (int64_t j0 = 0; j0 < cols; j0 += kTile)
       for (int64_t i = i0; i < std::min(rows, i0 + kTile); ++i)
         for (int64_t j = j0; j < std::min(cols, j0 + kTile); ++j)
-          if (std::memcmp(&a[i * cols + j], &b[j * rows + i], sizeof(float)))
+          if (std::memcmp(a + (i * cols + j) * w, b + (j * rows + i) * w, w))
             return false;
   return true;
 }
@@ -66,13 +74,9 @@ void GraphImporter::tieFoldedCopies() {
     RankedTensorType type = copy.getTensorType();
     if (!name.starts_with("onnx::") || type.getRank() != 2)
       continue;
-    ArrayRef<float> data = parameterFloats(copy);
-    auto release = [](ArrayRef<float> floats) {
-      releaseMappedPages(ArrayRef<char>(
-          reinterpret_cast<const char *>(floats.data()), floats.size() * 4));
-    };
-    bool allEqual = llvm::all_equal(data);
-    release(data);
+    ArrayRef<char> data = parameterBytes(copy);
+    bool allEqual = allElementsEqual(data);
+    releaseMappedPages(data);
     if (data.empty() || allEqual)
       continue;
     int64_t rows = type.getDimSize(0), cols = type.getDimSize(1);
@@ -81,16 +85,15 @@ void GraphImporter::tieFoldedCopies() {
           source.getTensorType().getElementType() != type.getElementType())
         continue;
       ArrayRef<int64_t> shape = source.getTensorType().getShape();
-      ArrayRef<float> src = parameterFloats(source);
+      ArrayRef<char> src = parameterBytes(source);
       if (src.size() != data.size() || shape.size() != 2)
         continue;
       bool same = shape == type.getShape() &&
-                  std::memcmp(src.data(), data.data(),
-                              data.size() * sizeof(float)) == 0;
+                  std::memcmp(src.data(), data.data(), data.size()) == 0;
       bool transposed = !same && shape[0] == cols && shape[1] == rows &&
-                        isTranspose(data, src, rows, cols);
-      release(data);
-      release(src);
+                        isTranspose(data.data(), src.data(), rows, cols);
+      releaseMappedPages(data);
+      releaseMappedPages(src);
       if (!same && !transposed)
         continue;
       ImportedValue view;

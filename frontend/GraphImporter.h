@@ -11,6 +11,8 @@
 //   FoldedWeights.cpp  the identity and names of weights an exporter folded
 //                      or copied
 //   ExternalData.cpp   initializer bytes stored next to the model
+//   MappedModel.cpp    a model parsed from a mapping of its file, weights
+//                      left there
 //   TensorProtos.cpp   element types and TensorProto decoding
 //
 //===----------------------------------------------------------------------===//
@@ -27,13 +29,22 @@
 #include "llvm/ADT/StringSet.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace mlir::fastllm {
 
-/// An external-data file mapped into memory (ExternalData.cpp).
-struct MappedFile;
+/// A model or external-data file mapped read-only (mapFileReadOnly),
+/// unmapped with its last user.
+struct MappedFile {
+  MappedFile(char *base, size_t size) : base(base), size(size) {}
+  MappedFile(const MappedFile &) = delete;
+  MappedFile &operator=(const MappedFile &) = delete;
+  ~MappedFile();
+  char *base;
+  size_t size;
+};
 
 /// An initializer's bytes and what keeps them alive: the read-only mapping
 /// of its external-data file (`mapped`), or the string that holds them
@@ -58,6 +69,20 @@ constexpr const char *kInitialValueTransposedAttr =
 /// the page cache); does nothing for other memory.
 void releaseMappedPages(ArrayRef<char> data);
 
+/// Maps `size` bytes of the open file `fd` read-only (MAP_PRIVATE); null
+/// when it cannot. A SIGBUS in the mapping (the file was truncated while
+/// mapped) is reported as such and exits.
+std::shared_ptr<MappedFile> mapFileReadOnly(int fd, uint64_t size);
+
+/// Parses the binary ModelProto in `data` (a mapping of the file) without
+/// copying the raw_data of its graph's large initializers: their bytes are
+/// `initializerData[i]` for initializer i, ranges of `data`
+/// (MappedModel.cpp). False when the walk or the parse fails; the caller
+/// then parses the file the usual way.
+bool parseMappedModel(
+    const char *data, size_t size, onnx::ModelProto &model,
+    std::vector<std::optional<ArrayRef<char>>> &initializerData);
+
 class GraphImporter {
 public:
   GraphImporter(MLIRContext *context, StringRef name, StringRef modelDir,
@@ -67,6 +92,14 @@ public:
         fileLoc(FileLineColLoc::get(context, name, 0, 0)) {}
 
   OwningOpRef<ModuleOp> run(onnx::ModelProto &model);
+
+  /// The model was parsed from `file` by parseMappedModel: initializer i's
+  /// raw_data is `rawData[i]` when set (a range of the mapping).
+  void setMappedRawData(std::shared_ptr<MappedFile> file,
+                        std::vector<std::optional<ArrayRef<char>>> rawData) {
+    modelFile = std::move(file);
+    mappedRawData = std::move(rawData);
+  }
 
   InFlightDiagnostic fileError() { return mlir::emitError(fileLoc); }
   /// A Constant node's tensor (`what` names it in errors) as a host tensor,
@@ -159,6 +192,9 @@ private:
   llvm::StringSet<> takenNames, namedModules;
   // See mapExternalFile: each external-data file mapped once, by real path.
   llvm::StringMap<std::shared_ptr<MappedFile>> mappedFiles;
+  // See setMappedRawData.
+  std::shared_ptr<MappedFile> modelFile;
+  std::vector<std::optional<ArrayRef<char>>> mappedRawData;
 };
 
 //===----------------------------------------------------------------------===//

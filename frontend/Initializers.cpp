@@ -25,7 +25,7 @@ LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
   if (graph.sparse_initializer_size())
     return fileError() << "sparse initializers are not supported ('"
                        << graph.sparse_initializer(0).values().name() << "')";
-  for (onnx::TensorProto &tensor : *graph.mutable_initializer()) {
+  for (auto [index, tensor] : llvm::enumerate(*graph.mutable_initializer())) {
     const std::string &tname = tensor.name();
     if (tname.empty())
       return fileError() << "an initializer has no name";
@@ -49,15 +49,25 @@ LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
     size_t width = byteWidth(elementType);
     size_t expected = type->getNumElements() * width;
 
-    // The bytes: external data (mapped), raw_data taken over from the
-    // proto, or a copy of the typed fields (small tensors only, in practice).
+    // The bytes: external data (mapped), raw_data left in the mapped model
+    // file or taken over from the proto, or a copy of the typed fields
+    // (small tensors only, in practice).
     TensorBytes bytes;
+    std::optional<ArrayRef<char>> inFile;
+    if (index < mappedRawData.size())
+      inFile = mappedRawData[index];
     if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
       auto ext = readExternalData(tensor, expected, width,
                                   "initializer '" + tname + "'");
       if (failed(ext))
         return failure();
       bytes = std::move(*ext);
+    } else if (inFile) {
+      if (inFile->size() != expected)
+        return error() << "has " << inFile->size()
+                       << " bytes of data but its dims "
+                       << shapeString(type->getShape()) << " need " << expected;
+      bytes = {*inFile, modelFile, /*mapped=*/true};
     } else if (tensor.has_raw_data() && tensor.raw_data().size() == expected) {
       std::shared_ptr<std::string> owned(tensor.release_raw_data());
       bytes = {ArrayRef<char>(owned->data(), owned->size()), std::move(owned)};
@@ -75,8 +85,13 @@ LogicalResult GraphImporter::importInitializers(onnx::GraphProto &graph) {
       // A weight: its bytes become the parameter's resource blob, held once
       // (the blob keeps their owner alive).
       // nameFoldedWeights transposes a weight in place unless it is mapped.
+      // Raw data inside a mapped .onnx lies wherever protobuf put it: its
+      // readers load elements with memcpy, and the blob says how aligned it
+      // is.
+      size_t alignment =
+          reinterpret_cast<uintptr_t>(bytes.data.data()) % width ? 1 : width;
       AsmResourceBlob blob(
-          bytes.data, width,
+          bytes.data, alignment,
           [owner = std::move(bytes.owner)](void *, size_t, size_t) mutable {
             owner.reset();
           },

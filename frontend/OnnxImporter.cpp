@@ -27,12 +27,15 @@ void mlir::fastllm::registerOnnxImportDialects(DialectRegistry &registry) {
   registry.insert<model::ModelDialect, func::FuncDialect>();
 }
 
-static OwningOpRef<ModuleOp> importModel(MLIRContext *context,
-                                         onnx::ModelProto &model,
-                                         StringRef name, StringRef modelDir,
-                                         const OnnxImportOptions &options) {
+static OwningOpRef<ModuleOp>
+importModel(MLIRContext *context, onnx::ModelProto &model, StringRef name,
+            StringRef modelDir, const OnnxImportOptions &options,
+            std::shared_ptr<MappedFile> file = nullptr,
+            std::vector<std::optional<ArrayRef<char>>> rawData = {}) {
   context->loadDialect<model::ModelDialect, func::FuncDialect>();
   GraphImporter importer(context, name, modelDir, options);
+  if (file)
+    importer.setMappedRawData(std::move(file), std::move(rawData));
   return importer.run(model);
 }
 
@@ -100,9 +103,20 @@ OwningOpRef<ModuleOp> mlir::fastllm::importOnnxFile(MLIRContext *context,
                             options);
   }
 
-  // Binary models are parsed from a file stream, so the file's bytes are not
-  // held in memory next to the parsed weights.
+  // A binary model is parsed from a read-only mapping of the file, its
+  // large initializers left there (MappedModel.cpp); failing that, from a
+  // file stream, so the file's bytes are not held in memory next to the
+  // parsed weights.
   onnx::ModelProto model;
+  if (std::shared_ptr<MappedFile> file = mapFileReadOnly(fd, size)) {
+    std::vector<std::optional<ArrayRef<char>>> rawData;
+    if (parseMappedModel(file->base, file->size, model, rawData)) {
+      ::close(fd);
+      return importModel(context, model, path, dir, options, std::move(file),
+                         std::move(rawData));
+    }
+    model.Clear();
+  }
   bool parsed;
   {
     google::protobuf::io::FileInputStream stream(fd);

@@ -14,12 +14,14 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "frontend/GraphImporter.h"
 #include "frontend/OnnxImporter.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/IR/MLIRContext.h"
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -67,6 +69,28 @@ bool looksLikeText(const uint8_t *data, size_t size) {
   return true;
 }
 
+/// Aborts when parseMappedModel accepts `data` but the model it gives,
+/// raw_data put back, is not the one protobuf parses.
+void checkMappedParse(const uint8_t *data, size_t size) {
+  const char *bytes = reinterpret_cast<const char *>(data);
+  onnx::ModelProto skeleton, whole;
+  std::vector<std::optional<llvm::ArrayRef<char>>> rawData;
+  if (!fastllm::parseMappedModel(bytes, size, skeleton, rawData))
+    return;
+  if (!whole.ParseFromArray(bytes, int(size))) {
+    std::fprintf(stderr, "parseMappedModel accepted what protobuf rejects\n");
+    std::abort();
+  }
+  for (auto [i, raw] : llvm::enumerate(rawData))
+    if (raw)
+      skeleton.mutable_graph()->mutable_initializer(int(i))->set_raw_data(
+          raw->data(), raw->size());
+  if (skeleton.SerializeAsString() != whole.SerializeAsString()) {
+    std::fprintf(stderr, "parseMappedModel and protobuf disagree\n");
+    std::abort();
+  }
+}
+
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -85,6 +109,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   options.dimBindings["batch"] = 2;
   options.dimBindings["seq"] = 4;
   options.textFormat = looksLikeText(data, size);
+  if (!options.textFormat && size <= size_t(INT_MAX))
+    checkMappedParse(data, size);
   llvm::StringRef buffer(reinterpret_cast<const char *>(data), size);
   OwningOpRef<ModuleOp> module = fastllm::importOnnxBuffer(
       context, buffer, folder + "/fuzz.onnx", folder, options);

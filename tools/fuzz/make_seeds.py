@@ -6,9 +6,13 @@ in `weights.bin` (the 4 KiB file the fuzzer puts in its model folder), at an
 offset, with and without a length, one naming `outside.bin` (a symlink out of
 the folder) and one `empty.bin` (too short), so mutations of the locations,
 offsets, lengths and dims start from loads that succeed or fail at each check.
+`inline-large.onnx` keeps a 20 KiB weight in raw_data inside the model, large
+enough that a model file's parse leaves it in the mapping
+(frontend/MappedModel.cpp), which the fuzzer checks against protobuf.
 The text seeds are test/Frontend/*.onnxtext, copied by scripts/test.sh.
 """
 import os
+import struct
 import sys
 
 import onnx
@@ -22,6 +26,17 @@ def external_model(location, offset, length, dims=(8, 16)):
         if value is not None:
             entry = weight.external_data.add()
             entry.key, entry.value = key, str(value)
+    return model_with(weight)
+
+
+def inline_model(rows, cols):
+    values = [0.001 * (i % 89) for i in range(rows * cols)]
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [rows, cols],
+                                struct.pack(f"<{len(values)}f", *values), raw=True)
+    return model_with(weight)
+
+
+def model_with(weight):
     emb = helper.make_tensor("emb", TensorProto.FLOAT, [32, 8], [0.01 * i for i in range(256)])
     nodes = [
         helper.make_node("Gather", ["emb", "tokens"], ["h"], name="embed"),
@@ -47,6 +62,7 @@ def main():
         "external-outside.onnx": external_model("outside.bin", 0, 512),
         "external-short.onnx": external_model("empty.bin", 0, None),
         "external-huge.onnx": external_model("weights.bin", 0, None, dims=(1 << 20, 1 << 20)),
+        "inline-large.onnx": inline_model(8, 640),
     }
     for name, model in seeds.items():
         with open(os.path.join(out, name), "wb") as f:
