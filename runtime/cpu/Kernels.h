@@ -14,16 +14,17 @@
 // the number of threads.
 //
 // elementwise (which takes a caller's lambda), dropout, and the trivial
-// fill, copy and addInto are defined here; the rest are defined in
-// runtime/cpu/kernels/, one source per op family, and explicitly instantiated
-// there for the element types runtime/KernelApi.inc lists (the floating
-// kernels for float only).
+// fill, copy and addInto are defined here (their float instances are
+// compiled once in the library, kernels/Elementwise.cpp, and extern here);
+// the rest are defined in runtime/cpu/kernels/, one source per op family, and
+// explicitly instantiated there for the element types runtime/KernelApi.inc
+// lists (the floating kernels for float only).
 //
-// Generated code should be compiled like this library (-O2 or better,
-// -fopenmp, and the library's -march: `compile --target-cpu` picks the
-// portable build or the native one): the fused elementwise loops are
-// instantiated in its own translation unit and vectorize only as wide as its
-// flags allow.
+// Generated code's functors should be compiled like this library (-O2 or
+// better, -fopenmp, and the library's -march: `compile --target-cpu` picks
+// the portable build or the native one): each functor's loop (applyBlock) is
+// instantiated in its own translation unit and vectorizes only as wide as
+// its flags allow.
 //
 //===----------------------------------------------------------------------===//
 
@@ -179,16 +180,25 @@ private:
 
 /// The hot loop: unit stride everywhere, so it vectorizes when `f` does. An
 /// output equal to an input (in-place update) is fine; partial overlap is not.
+/// This is the only code compiled per functor: the rest of elementwise
+/// depends on the element types alone and calls it once per block through a
+/// pointer, so that a generated step with many functors compiles quickly.
 template <typename Out, typename F, typename... T>
-inline void applyBlock(Out *out, int64_t len, F &f, const T *...in) {
+void applyBlock(Out *out, int64_t len, const void *f, const T *...in) {
+  const F &fn = *static_cast<const F *>(f);
   for (int64_t i = 0; i < len; ++i)
-    out[i] = static_cast<Out>(f(in[i]...));
+    out[i] = static_cast<Out>(fn(in[i]...));
 }
+
+/// applyBlock for one functor, as elementwiseRun calls it.
+template <typename Out, typename... T>
+using ApplyBlockFn = void (*)(Out *, int64_t, const void *, const T *...);
 
 /// Runs the blocks [begin, end) of a collapsed elementwise iteration: blocks
 /// are numbered row by row, `blocksPerRow` per innermost row.
-template <typename Out, typename F, size_t... I, typename... T>
-void elementwiseBlocks(Out *out, F &f, int rank, const int64_t *shape,
+template <typename Out, size_t... I, typename... T>
+void elementwiseBlocks(Out *out, ApplyBlockFn<Out, T...> apply, const void *f,
+                       int rank, const int64_t *shape,
                        const int64_t (*strides)[kMaxRank], int64_t blocksPerRow,
                        int64_t begin, int64_t end, std::index_sequence<I...>,
                        In<T>... ins) {
@@ -205,8 +215,8 @@ void elementwiseBlocks(Out *out, F &f, int rank, const int64_t *shape,
   }
   for (int64_t u = begin; u < end; ++u) {
     int64_t first = blk * kBlock, len = std::min(kBlock, n - first);
-    applyBlock(out + row * n + first, len, f,
-               std::get<I>(sources).block(offset[I], first, len)...);
+    apply(out + row * n + first, len, f,
+          std::get<I>(sources).block(offset[I], first, len)...);
     if (++blk < blocksPerRow)
       continue;
     blk = 0;
@@ -221,6 +231,33 @@ void elementwiseBlocks(Out *out, F &f, int rank, const int64_t *shape,
   }
 }
 
+/// elementwise for every functor of these element types: the layout, the
+/// threads and the blocks, calling `apply` (applyBlock<Out, F, T...>) on
+/// `f`. Not inlined, so that each functor does not get a copy.
+template <typename Out, typename... T>
+[[gnu::noinline]] void elementwiseRun(Out *out, int rank, const int64_t *shape,
+                                      ApplyBlockFn<Out, T...> apply,
+                                      const void *f, In<T>... ins) {
+  constexpr int kNumIn = sizeof...(T);
+  assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
+  const int64_t *inStrides[kNumIn + 1] = {ins.strides...};
+  const auto layout = makeElementwiseLayout<kNumIn>(rank, shape, inStrides);
+  if (layout.total == 0)
+    return;
+  const int r = layout.rank;
+  if (r == 0) {
+    apply(out, 1, f, ins.data...);
+    return;
+  }
+  const int64_t blocksPerRow = (layout.shape[r - 1] + kBlock - 1) / kBlock;
+  const int64_t numBlocks = layout.total / layout.shape[r - 1] * blocksPerRow;
+  parallelFor(numBlocks, layout.total, [&](int64_t begin, int64_t end) {
+    elementwiseBlocks(out, apply, f, r, layout.shape, layout.strides,
+                      blocksPerRow, begin, end, std::index_sequence_for<T...>{},
+                      ins...);
+  });
+}
+
 } // namespace detail
 
 /// runtime/KernelApi.inc's elementwise on the CPU: `f` is called from
@@ -231,26 +268,8 @@ void elementwiseBlocks(Out *out, F &f, int rank, const int64_t *shape,
 /// transposed operand is better served by `transpose`, which copies tiles.
 template <typename Out, typename F, typename... T>
 void elementwise(Out *out, int rank, const int64_t *shape, F f, In<T>... ins) {
-  constexpr int kNumIn = sizeof...(T);
-  assert(rank >= 0 && rank <= kMaxRank && "rank above kMaxRank");
-  const int64_t *inStrides[kNumIn + 1] = {ins.strides...};
-  const auto layout =
-      detail::makeElementwiseLayout<kNumIn>(rank, shape, inStrides);
-  if (layout.total == 0)
-    return;
-  const int r = layout.rank;
-  if (r == 0) {
-    out[0] = static_cast<Out>(f(ins.data[0]...));
-    return;
-  }
-  const int64_t blocksPerRow =
-      (layout.shape[r - 1] + detail::kBlock - 1) / detail::kBlock;
-  const int64_t numBlocks = layout.total / layout.shape[r - 1] * blocksPerRow;
-  parallelFor(numBlocks, layout.total, [&](int64_t begin, int64_t end) {
-    detail::elementwiseBlocks(out, f, r, layout.shape, layout.strides,
-                              blocksPerRow, begin, end,
-                              std::index_sequence_for<T...>{}, ins...);
-  });
+  detail::elementwiseRun<Out, T...>(
+      out, rank, shape, &detail::applyBlock<Out, F, T...>, &f, ins...);
 }
 
 //===----------------------------------------------------------------------===//
@@ -358,6 +377,44 @@ void dropout(T *out, const T *in, bool splatInput, int64_t n, int64_t perSample,
     }
   });
 }
+
+//===----------------------------------------------------------------------===//
+// Instances the library holds
+//===----------------------------------------------------------------------===//
+
+// The float instances of the templates above are compiled once, in the
+// library (kernels/Elementwise.cpp, with the flags generated code gets): a
+// generated step then compiles only its functors' applyBlock, and a part of
+// it compiled without optimisation (`compile` builds the step's calls at
+// -O0) still calls optimised fill, copy, addInto and dropout.
+#define FASTLLM_CPU_HEADER_INSTANCES(X)                                        \
+  X(template void detail::elementwiseRun<float, float>(                        \
+      float *, int, const int64_t *, detail::ApplyBlockFn<float, float>,       \
+      const void *, In<float>))                                                \
+  X(template void detail::elementwiseRun<float, float, float>(                 \
+      float *, int, const int64_t *,                                           \
+      detail::ApplyBlockFn<float, float, float>, const void *, In<float>,      \
+      In<float>))                                                              \
+  X(template void detail::elementwiseRun<float, float, float, float>(          \
+      float *, int, const int64_t *,                                           \
+      detail::ApplyBlockFn<float, float, float, float>, const void *,          \
+      In<float>, In<float>, In<float>))                                        \
+  X(template void detail::elementwiseRun<float, float, float, float, float>(   \
+      float *, int, const int64_t *,                                           \
+      detail::ApplyBlockFn<float, float, float, float, float>, const void *,   \
+      In<float>, In<float>, In<float>, In<float>))                             \
+  X(template void fill<float>(float *, int64_t, float))                        \
+  X(template void copy<float>(float *, const float *, int64_t))                \
+  X(template void addInto<float>(float *, const float *, int64_t))             \
+  X(template void dropout<float>(float *, const float *, bool, int64_t,        \
+                                 int64_t, uint32_t, uint32_t, float, uint64_t, \
+                                 int64_t, int64_t))
+
+#ifndef FASTLLM_CPU_DEFINE_HEADER_INSTANCES
+#define FASTLLM_CPU_EXTERN_INSTANCE(...) extern __VA_ARGS__;
+FASTLLM_CPU_HEADER_INSTANCES(FASTLLM_CPU_EXTERN_INSTANCE)
+#undef FASTLLM_CPU_EXTERN_INSTANCE
+#endif
 
 } // namespace fastllm::rt::cpu
 
