@@ -7,9 +7,11 @@
 // mapped read-only) is transposed through the writer's bounded buffer; a
 // dense attribute (hand-written IR) is converted the same way.
 //
-// A blob that lies in a read-only file mapping (the importer's mapped
-// external data) has its pages given back once written, so writing the
-// weights of a model larger than memory holds about one tensor at a time.
+// A blob that lies in a read-only file mapping (the importer maps the .onnx
+// and its external data) is copied from the file by the kernel
+// (copy_file_range) when it is written as it lies, and its pages are given
+// back once written when it is transposed, so writing the weights of a model
+// larger than memory holds about one tensor at a time.
 //
 //===----------------------------------------------------------------------===//
 
@@ -23,7 +25,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <tuple>
 #include <unistd.h>
 
 using namespace mlir;
@@ -39,58 +45,105 @@ namespace {
 /// The read-only, private mappings of files that are not programs or
 /// libraries, from /proc/self/maps: pages there are clean copies of the
 /// file, so giving them back loses nothing (a later read faults them in
-/// again). Memory of any other kind (the heap, a library's relocated
-/// read-only data) is never given back.
+/// again), and bytes there can be copied from the file itself. Memory of
+/// any other kind (the heap, a library's relocated read-only data) is never
+/// given back.
 class ReadOnlyFileMappings {
 public:
   ReadOnlyFileMappings() {
-    auto maps = llvm::MemoryBuffer::getFileAsStream("/proc/self/maps");
-    if (!maps)
+    auto buffer = llvm::MemoryBuffer::getFileAsStream("/proc/self/maps");
+    if (!buffer)
       return;
+    maps = std::move(*buffer); // the entries' strings point into it
     SmallVector<StringRef> lines;
-    (*maps)->getBuffer().split(lines, '\n', -1, false);
-    struct Entry {
-      uintptr_t begin, end;
-      StringRef perms, path;
-    };
-    std::vector<Entry> entries;
+    maps->getBuffer().split(lines, '\n', -1, false);
+    std::vector<Mapping> entries;
     llvm::StringSet<> executables;
     for (StringRef line : lines) {
-      // begin-end perms offset dev inode [path]
+      // begin-end perms offset major:minor inode [path]
       SmallVector<StringRef, 6> f;
       line.split(f, ' ', 5, false);
       if (f.size() < 6 || f[4] == "0")
         continue;
       auto [b, e] = f[0].split('-');
-      Entry entry{0, 0, f[1], f[5].trim()};
-      if (b.getAsInteger(16, entry.begin) || e.getAsInteger(16, entry.end))
+      auto [major, minor] = f[3].split(':');
+      Mapping m;
+      m.perms = f[1];
+      m.path = f[5].trim();
+      if (b.getAsInteger(16, m.begin) || e.getAsInteger(16, m.end) ||
+          f[2].getAsInteger(16, m.fileOffset) ||
+          major.getAsInteger(16, m.major) || minor.getAsInteger(16, m.minor) ||
+          f[4].getAsInteger(10, m.inode))
         continue;
-      if (entry.perms.contains('x'))
-        executables.insert(entry.path);
-      entries.push_back(entry);
+      if (m.perms.contains('x'))
+        executables.insert(m.path);
+      entries.push_back(m);
     }
-    for (const Entry &e : entries)
-      if (e.perms == "r--p" && !executables.contains(e.path))
-        ranges.push_back({e.begin, e.end});
+    for (Mapping &m : entries)
+      if (m.perms == "r--p" && !executables.contains(m.path))
+        ranges.push_back(std::move(m));
+  }
+  ~ReadOnlyFileMappings() {
+    for (Mapping &m : ranges)
+      if (m.fd >= 0)
+        ::close(m.fd);
   }
 
   /// Gives back the whole pages of `data` when it lies in one such mapping.
   void release(const void *data, size_t size) const {
-    uintptr_t begin = reinterpret_cast<uintptr_t>(data), end = begin + size;
-    for (auto [b, e] : ranges) {
-      if (begin < b || end > e)
-        continue;
-      uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-      uintptr_t first = (begin + page - 1) / page * page;
-      uintptr_t last = end / page * page;
-      if (first < last)
-        ::madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
+    const Mapping *m = find(data, size);
+    if (!m)
       return;
+    uintptr_t begin = reinterpret_cast<uintptr_t>(data), end = begin + size;
+    uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    uintptr_t first = (begin + page - 1) / page * page;
+    uintptr_t last = end / page * page;
+    if (first < last)
+      ::madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
+  }
+
+  /// The file and offset that hold `data` when it lies in one such mapping:
+  /// the file at the mapping's path, opened once and only if it is still
+  /// the mapped file (same device and inode); {-1, 0} otherwise.
+  std::pair<int, uint64_t> source(const void *data, size_t size) {
+    Mapping *m = find(data, size);
+    if (!m)
+      return {-1, 0};
+    if (m->fd == -1) {
+      m->fd = -2; // tried
+      int fd = ::open(m->path.str().c_str(), O_RDONLY | O_CLOEXEC);
+      struct stat st;
+      if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+          ::major(st.st_dev) == m->major && ::minor(st.st_dev) == m->minor &&
+          uint64_t(st.st_ino) == m->inode)
+        m->fd = fd;
+      else if (fd >= 0)
+        ::close(fd);
     }
+    if (m->fd < 0)
+      return {-1, 0};
+    return {m->fd,
+            m->fileOffset + (reinterpret_cast<uintptr_t>(data) - m->begin)};
   }
 
 private:
-  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+  struct Mapping {
+    uintptr_t begin = 0, end = 0;
+    uint64_t fileOffset = 0, inode = 0;
+    unsigned major = 0, minor = 0;
+    StringRef perms, path;
+    int fd = -1; ///< the file, once opened; -2 when it could not be
+  };
+  Mapping *find(const void *data, size_t size) const {
+    uintptr_t begin = reinterpret_cast<uintptr_t>(data), end = begin + size;
+    for (const Mapping &m : ranges)
+      if (begin >= m.begin && end <= m.end)
+        return const_cast<Mapping *>(&m);
+    return nullptr;
+  }
+
+  std::unique_ptr<llvm::MemoryBuffer> maps;
+  std::vector<Mapping> ranges;
 };
 } // namespace
 
@@ -145,7 +198,8 @@ LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
           readTransposed(data, rows, cols, begin, count, out);
         };
       } else {
-        ref.data = reinterpret_cast<const float *>(data);
+        ref.data = data;
+        std::tie(ref.sourceFd, ref.sourceOffset) = mappings.source(data, bytes);
       }
       ref.written = [&mappings, data, bytes]() {
         mappings.release(data, bytes);

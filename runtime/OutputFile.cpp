@@ -98,6 +98,28 @@ bool OutputFile::write(const void *data, size_t bytes) {
   return true;
 }
 
+size_t OutputFile::copyFrom(int source, uint64_t offset, size_t bytes) {
+  if (fd < 0)
+    return fail("cannot write '" + target + "': not open", 0), SIZE_MAX;
+  size_t done = 0;
+  while (done < bytes) {
+    off64_t from = off64_t(offset + done);
+    ssize_t n = ::copy_file_range(source, &from, fd, nullptr,
+                                  std::min<size_t>(bytes - done, 1u << 30), 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EOPNOTSUPP ||
+                  errno == EINVAL || errno == EBADF))
+      break; // not here: the caller writes the rest
+    if (n < 0)
+      return fail("cannot write '" + target + "'", errno), SIZE_MAX;
+    if (n == 0) // the source ended early: the caller's bytes say what is there
+      break;
+    done += size_t(n);
+  }
+  return done;
+}
+
 bool OutputFile::finishWithoutRename() {
   if (fd < 0)
     return fail("cannot write '" + target + "': not open", 0);

@@ -47,6 +47,13 @@ public:
   bool write(const std::string &text) {
     return write(text.data(), text.size());
   }
+  /// Appends `bytes` bytes of the open file `source` from `offset`, copied
+  /// by the kernel (copy_file_range: they never pass through this process,
+  /// and a filesystem that can share extents shares them). Returns how many
+  /// were copied before the kernel declined (another filesystem, an old
+  /// kernel): the caller writes the rest itself. Sets error() and returns
+  /// SIZE_MAX on a real failure (the disk is full, say).
+  size_t copyFrom(int source, uint64_t offset, size_t bytes);
   /// Syncs the temporary, checks the target again and renames over it, then
   /// syncs the folder. Returns false (and error()) on failure; the target is
   /// then untouched.

@@ -247,7 +247,12 @@ Status fastllm::rt::writeSafetensors(
       break;
     uint64_t count = *numElements(t.shape);
     if (t.data) {
-      ok = file.write(t.data, count * sizeof(float));
+      size_t bytes = count * sizeof(float), copied = 0;
+      if (t.sourceFd >= 0)
+        copied = file.copyFrom(t.sourceFd, t.sourceOffset, bytes);
+      ok = copied != SIZE_MAX &&
+           file.write(static_cast<const char *>(t.data) + copied,
+                      bytes - copied);
     } else {
       // Whole rows of the last dim, about kWriteBufferBytes at a time.
       uint64_t row =

@@ -61,7 +61,12 @@ private:
 struct TensorRef {
   std::string name;
   std::vector<int64_t> shape;
-  const float *data;
+  const void *data;
+  /// Where `data`'s bytes also lie in an open file, when they do as they
+  /// are: the writer has the kernel copy them from there (no page of them
+  /// is touched in this process), and writes from `data` what it cannot.
+  int sourceFd = -1;
+  uint64_t sourceOffset = 0;
   /// Writes the `count` elements that start at element `begin` to `out`.
   std::function<void(uint64_t begin, uint64_t count, float *out)> read = {};
   /// Called once the tensor's bytes are written (to let go of them).

@@ -21,6 +21,9 @@
 #include <random>
 #include <vector>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 using namespace fastllm::rt;
 using namespace fastllm::rt::test;
 
@@ -162,6 +165,50 @@ TEST(Safetensors, RoundTripsTensorsAndMetadata) {
   ASSERT_TRUE(r->readF32("s", {}, &s).ok());
   EXPECT_EQ(s, 0.25f);
   EXPECT_TRUE(r->readF32("empty", {0, 4}, nullptr).ok());
+}
+
+TEST(Safetensors, CopiesTensorsFromTheFilesHoldingThem) {
+  // A tensor whose bytes also lie in a file is copied from there by the
+  // kernel; what the kernel cannot copy (a file shorter than said, a pipe)
+  // is written from memory. Offsets need not be aligned.
+  TempDir dir;
+  std::vector<float> a(1000), b(600);
+  for (size_t i = 0; i < a.size(); ++i)
+    a[i] = 0.5f * float(i) - 7.0f;
+  for (size_t i = 0; i < b.size(); ++i)
+    b[i] = -0.25f * float(i);
+  std::string junk(13, 'x');
+  std::string source = junk + std::string(reinterpret_cast<char *>(a.data()),
+                                          a.size() * sizeof(float));
+  // b's file holds only its first half.
+  source += std::string(reinterpret_cast<char *>(b.data()), 300 * 4);
+  std::string sourcePath = dir.file("source.bin");
+  writeBytes(sourcePath, source);
+  int fd = ::open(sourcePath.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  int pipeFds[2];
+  ASSERT_EQ(::pipe(pipeFds), 0);
+  std::vector<float> c = {1, 2, 3};
+
+  TensorRef ta{"a", {10, 100}, a.data()};
+  ta.sourceFd = fd;
+  ta.sourceOffset = 13;
+  TensorRef tb{"b", {600}, b.data()};
+  tb.sourceFd = fd;
+  tb.sourceOffset = 13 + a.size() * sizeof(float);
+  TensorRef tc{"c", {3}, c.data()};
+  tc.sourceFd = pipeFds[0];
+  std::string path = dir.file("t.safetensors"),
+              plain = dir.file("p.safetensors");
+  ASSERT_TRUE(writeSafetensors(path, {ta, tb, tc}).ok());
+  ::close(fd);
+  ::close(pipeFds[0]);
+  ::close(pipeFds[1]);
+  ASSERT_TRUE(writeSafetensors(plain, {{"a", {10, 100}, a.data()},
+                                       {"b", {600}, b.data()},
+                                       {"c", {3}, c.data()}})
+                  .ok());
+  EXPECT_EQ(readBytes(path), readBytes(plain));
 }
 
 TEST(Safetensors, OverwritesWholeFilesAndReportsUnwritableOnes) {
