@@ -42,6 +42,10 @@ struct TargetDescription {
   /// Whether the loss must be copied back from the device when the step's
   /// work is done (readScalar), rather than read in place.
   bool lossOnDevice;
+  /// Whether the source is written in parts that `compile` builds as
+  /// separate translation units in parallel (sourceParts()); otherwise it is
+  /// one translation unit.
+  bool splitParts;
 
   static const TargetDescription &get(Target target);
 };
@@ -49,11 +53,24 @@ struct TargetDescription {
 /// The target's name, as `--target` and PlanInfo::target spell it.
 llvm::StringRef targetName(Target target);
 
-/// Writes the C++ (CUDA: CUDA C++) translation unit defining fastllm_plan()
-/// and fastllm_step() (runtime/ModelABI.h) for a module that went through
+/// Writes the C++ (CUDA: CUDA C++) source defining fastllm_plan() and
+/// fastllm_step() (runtime/ModelABI.h) for a module that went through
 /// fastllm-autodiff and fastllm-plan-memory. Fails with diagnostics on ops
 /// the target cannot run.
+///
+/// Compiled as it is, the source is one translation unit. A target with
+/// `splitParts` writes it in sections that may instead be compiled as N
+/// translation units, the k-th with -DFASTLLM_PART=k (1 <= k <= N, N =
+/// sourceParts()), and linked together: part 1 holds the plan and
+/// fastllm_step(), whose body only computes pointers and calls kernels (it
+/// needs no optimisation); parts 2..N the explicit instantiations of the
+/// kernel templates its functors need, which do.
 LogicalResult emitSource(ModuleOp module, Target target, llvm::raw_ostream &os);
+
+/// The number N of parts of a source emitSource() wrote, read from its
+/// header line `// fastllm-parts: N`; 0 when it is one translation unit
+/// only.
+unsigned sourceParts(llvm::StringRef source);
 
 /// Registers the translations `fastllm-to-cpu` and `fastllm-to-cuda`
 /// (emitSource() for each target) for `fastllm-opt translate`.

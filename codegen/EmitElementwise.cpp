@@ -144,7 +144,7 @@ LogicalResult StepEmitter::emitElementwise(Operation *op,
   if (failed(bindResult(op, 0)))
     return failure();
   os << "  {\n    static const int64_t shape[] = " << list(shape) << ";\n";
-  SmallVector<std::string> params, operands;
+  SmallVector<std::string> params, operands, storedTypes;
   for (auto [i, v] : llvm::enumerate(op->getOperands())) {
     SmallVector<int64_t> strides =
         splats.count(v) ? SmallVector<int64_t>(rank, 0)
@@ -154,6 +154,7 @@ LogicalResult StepEmitter::emitElementwise(Operation *op,
       return failure();
     os << "    static const int64_t s" << i << "[] = " << list(strides)
        << ";\n";
+    storedTypes.push_back(*type);
     params.push_back(computeType(*type) + " x" + std::to_string(i));
     operands.push_back("In<" + *type + ">{" + name(v) + ", s" +
                        std::to_string(i) + "}");
@@ -173,6 +174,13 @@ LogicalResult StepEmitter::emitElementwise(Operation *op,
     functorDefs += "struct " + it->second + " {\n  " +
                    desc.functorQualifier.str() + signature + " {\n    " +
                    functorBody + "\n  }\n};\n";
+  // The instance this call needs, for a split source's kernel parts.
+  std::string instance =
+      *storedOutType + " *, int, const int64_t *, " + it->second;
+  for (const std::string &type : storedTypes)
+    instance += ", In<" + type + ">";
+  if (instanceSet.insert(instance).second)
+    instances.push_back(instance);
   os << "    elementwise(" << name(r) << ", " << rank << ", shape, "
      << it->second << "{}, ";
   llvm::interleaveComma(operands, os);

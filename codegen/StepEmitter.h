@@ -24,6 +24,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
 
 #include <optional>
 #include <string>
@@ -92,6 +93,12 @@ private:
   void traceEnd(int index);
   /// kTraceOps and kNumTraceOps, defined before makePlan() reads them.
   std::string traceTable() const;
+  /// The explicit instantiations (`extern` ones when `declare`) of
+  /// instances[i] for i = first, first + stride, ...
+  std::string instantiations(bool declare, size_t first, size_t stride) const;
+  /// Writes the file: header, functors, the plan and step, and (split
+  /// targets) the kernel parts.
+  void writeFile(const std::string &planText);
 
   // Memory, collectives and the step's end.
   LogicalResult emit(model::GetParameterOp op);
@@ -165,6 +172,11 @@ private:
   int64_t microBatch = 1;         ///< samples per micro-batch: the tokens' rows
   llvm::StringMap<std::string> functors; ///< signature and body -> name
   std::string functorDefs;
+  /// The argument lists of the `elementwise` instances the step calls
+  /// ("float *, int, const int64_t *, F0, In<float>"), in order of first
+  /// use; a split source instantiates them in its kernel parts.
+  SmallVector<std::string> instances;
+  llvm::StringSet<> instanceSet;
   llvm::StringMap<int> paramIndex; ///< parameter symbol -> index in kParams
   /// The rows of kTraceOps, one per kernel call in program order.
   SmallVector<std::string> traceOps;

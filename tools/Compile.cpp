@@ -37,6 +37,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
+#include "llvm/Support/Threading.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
 
@@ -47,6 +48,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/resource.h>
@@ -350,43 +352,111 @@ static void printReport(const mlir::fastllm::MemoryPlan &plan,
      << " B per micro-batch, all-reduce " << r.allReduce << " B per step\n";
 }
 
-/// Runs `args` (args[0] is the program) and appends the command line and
-/// its output to `log`; on failure prints what failed and the log.
-static bool runLogged(ArrayRef<std::string> args, StringRef log,
-                      StringRef what) {
-  auto program = sys::findProgramByName(args[0]);
-  if (!program) {
-    compileError() << "cannot find '" << args[0] << "' to " << what << "\n";
-    return false;
+/// One command of the C++ build: args[0] is the program.
+struct BuildCommand {
+  std::vector<std::string> args;
+  std::string what; ///< for messages: "compiling FILE"
+};
+
+/// Runs `commands`, at most `jobs` at a time (in the order given: each waits
+/// for a free slot), each one's output to a file of its own; then appends
+/// every command line and its output to `log` in the order given, whatever
+/// order they finished in. On a failure prints what failed and the log;
+/// commands not yet started then are not started.
+static bool runAllLogged(ArrayRef<BuildCommand> commands, StringRef log,
+                         unsigned jobs) {
+  struct Job {
+    sys::ProcessInfo process;
+    std::string output;
+    bool started = false, done = false;
+    int rc = 0;
+    std::string error;
+  };
+  std::vector<Job> run(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i)
+    run[i].output = (log + ".part" + Twine(i)).str();
+  size_t next = 0, running = 0;
+  bool failed = false;
+  auto start = [&](size_t i) {
+    const BuildCommand &c = commands[i];
+    Job &job = run[i];
+    job.started = true;
+    auto program = sys::findProgramByName(c.args[0]);
+    if (!program) {
+      job.done = true;
+      job.rc = -1;
+      job.error = "cannot find '" + c.args[0] + "'";
+      return;
+    }
+    SmallVector<StringRef> argRefs(c.args.begin(), c.args.end());
+    std::optional<StringRef> redirects[] = {std::nullopt, StringRef(job.output),
+                                            StringRef(job.output)};
+    bool execFailed = false;
+    job.process = sys::ExecuteNoWait(*program, argRefs, std::nullopt, redirects,
+                                     0, &job.error, &execFailed);
+    if (execFailed) {
+      job.done = true;
+      job.rc = -1;
+      return;
+    }
+    ++running;
+  };
+  while (true) {
+    while (!failed && next < commands.size() && running < std::max(jobs, 1u))
+      start(next++);
+    if (!running)
+      break;
+    // Reap whichever finished (a non-blocking wait on each), else sleep.
+    bool reaped = false;
+    for (Job &job : run) {
+      if (!job.started || job.done)
+        continue;
+      sys::ProcessInfo status =
+          sys::Wait(job.process, /*SecondsToWait=*/0, &job.error);
+      if (status.Pid == 0)
+        continue;
+      job.done = reaped = true;
+      job.rc = status.ReturnCode;
+      --running;
+    }
+    for (const Job &job : run)
+      failed |= job.done && job.rc != 0;
+    if (!reaped)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  std::string part = (log + ".part").str();
-  SmallVector<StringRef> argRefs(args.begin(), args.end());
-  std::optional<StringRef> redirects[] = {std::nullopt, StringRef(part),
-                                          StringRef(part)};
-  std::string error;
-  int rc = sys::ExecuteAndWait(*program, argRefs, std::nullopt, redirects, 0, 0,
-                               &error);
   {
     std::error_code ec;
     raw_fd_ostream os(log, ec, sys::fs::OF_Append);
-    if (!ec) {
+    for (size_t i = 0; i < commands.size() && !ec; ++i) {
+      if (!run[i].started)
+        continue;
       os << "$";
-      for (const std::string &arg : args)
+      for (const std::string &arg : commands[i].args)
         os << " " << arg;
       os << "\n";
-      if (auto text = MemoryBuffer::getFile(part))
+      if (auto text = MemoryBuffer::getFile(run[i].output))
         os << (*text)->getBuffer();
     }
   }
-  sys::fs::remove(part);
-  if (rc != 0) {
-    compileError() << what << " failed" << (error.empty() ? "" : ": " + error)
-                   << "\n";
+  for (const Job &job : run)
+    sys::fs::remove(job.output);
+  for (size_t i = 0; i < commands.size(); ++i) {
+    if (!run[i].started || run[i].rc == 0)
+      continue;
+    compileError() << commands[i].what << " failed"
+                   << (run[i].error.empty() ? "" : ": " + run[i].error) << "\n";
     if (auto text = MemoryBuffer::getFile(log))
       errs() << (*text)->getBuffer();
     return false;
   }
   return true;
+}
+
+/// Runs `args` (args[0] is the program) and appends the command line and
+/// its output to `log`; on failure prints what failed and the log.
+static bool runLogged(ArrayRef<std::string> args, StringRef log,
+                      StringRef what) {
+  return runAllLogged({BuildCommand{args.vec(), what.str()}}, log, 1);
 }
 
 /// How one target's step becomes a binary: the compiler and its flags for
@@ -395,6 +465,12 @@ static bool runLogged(ArrayRef<std::string> args, StringRef log,
 struct BuildRecipe {
   std::string compiler;
   std::vector<std::string> compileFlags;
+  /// The flags of part 1 of a source in parts (the plan and the step's
+  /// calls: no optimisation needed), in place of compileFlags.
+  std::vector<std::string> stepFlags;
+  /// The linker's flags: the linker the build's configuration chose, when
+  /// the compiler is the build's.
+  std::vector<std::string> linkFlags;
   std::vector<std::string> targetLibraries; ///< archives in the runtime's lib/
   std::vector<std::string> systemLibraries;
 };
@@ -420,14 +496,20 @@ static std::optional<BuildRecipe> recipeFor(mlir::fastllm::Target target,
                                             StringRef targetCpu) {
   const std::string cxx = hostCompiler();
   BuildRecipe r;
+  if (cxx == FASTLLM_HOST_CXX)
+    appendFlags(r.linkFlags, ::fastllm::build::kLinkFlags);
   if (target == mlir::fastllm::Target::Cpu) {
     r.compiler = cxx;
     bool native = targetCpu == "native";
-    if (native)
+    if (native) {
       appendFlags(r.compileFlags, ::fastllm::build::kCpuNativeFlags);
-    else
+      appendFlags(r.stepFlags, ::fastllm::build::kCpuNativeStepFlags);
+    } else {
       appendFlags(r.compileFlags, ::fastllm::build::kCpuPortableFlags);
-    r.compileFlags.insert(r.compileFlags.end(), {"-std=c++17", "-fopenmp"});
+      appendFlags(r.stepFlags, ::fastllm::build::kCpuPortableStepFlags);
+    }
+    for (auto *flags : {&r.compileFlags, &r.stepFlags})
+      flags->insert(flags->end(), {"-std=c++17", "-fopenmp"});
     r.targetLibraries = {"libfastllm_rt_cpu.a",
                          native ? "libfastllm_cpu_kernels_native.a"
                                 : "libfastllm_cpu_kernels.a"};
@@ -502,28 +584,48 @@ static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
   };
   std::string source =
       path(mlir::fastllm::TargetDescription::get(target).sourceFile);
-  std::string object = path("train_step.o");
   std::string log = path("build.log"), binary = path("train");
-
-  std::vector<std::string> compile = {recipe->compiler};
-  compile.insert(compile.end(), recipe->compileFlags.begin(),
-                 recipe->compileFlags.end());
   RuntimeLocation runtime = runtimeLocation();
-  compile.insert(compile.end(),
-                 {"-I" + runtime.includeDir, "-c", source, "-o", object});
-  if (!runLogged(compile, log, "compiling " + source))
+
+  // A source in parts (codegen/CppEmitter.h, sourceParts()) is compiled as
+  // one translation unit per part, concurrently; otherwise as one.
+  unsigned parts = 0;
+  if (auto text = MemoryBuffer::getFile(source))
+    parts = mlir::fastllm::sourceParts((*text)->getBuffer());
+  std::vector<BuildCommand> compiles;
+  std::vector<std::string> objects;
+  for (unsigned k = parts ? 1 : 0; k <= parts; ++k) {
+    std::string object =
+        path(k ? "train_step.part" + std::to_string(k) + ".o" : "train_step.o");
+    BuildCommand c;
+    c.args = {recipe->compiler};
+    const auto &flags = k == 1 && !recipe->stepFlags.empty()
+                            ? recipe->stepFlags
+                            : recipe->compileFlags;
+    c.args.insert(c.args.end(), flags.begin(), flags.end());
+    if (k)
+      c.args.push_back("-DFASTLLM_PART=" + std::to_string(k));
+    c.args.insert(c.args.end(),
+                  {"-I" + runtime.includeDir, "-c", source, "-o", object});
+    c.what = k ? "compiling part " + std::to_string(k) + " of " + source
+               : "compiling " + source;
+    compiles.push_back(std::move(c));
+    objects.push_back(object);
+  }
+  unsigned jobs = llvm::hardware_concurrency().compute_thread_count();
+  if (!runAllLogged(compiles, log, jobs))
     return false;
 
   const std::string cxx = hostCompiler();
   const std::string &lib = runtime.libDir;
   // The runtime and its target libraries call each other: one group.
-  std::vector<std::string> link = {cxx,
-                                   "-fopenmp",
-                                   object,
-                                   "-Wl,--start-group",
-                                   lib + "/libfastllm_rt_main.a",
-                                   lib + "/libfastllm_rt.a",
-                                   lib + "/libfastllm_rt_files.a"};
+  std::vector<std::string> link = {cxx};
+  link.insert(link.end(), recipe->linkFlags.begin(), recipe->linkFlags.end());
+  link.push_back("-fopenmp");
+  link.insert(link.end(), objects.begin(), objects.end());
+  link.insert(link.end(),
+              {"-Wl,--start-group", lib + "/libfastllm_rt_main.a",
+               lib + "/libfastllm_rt.a", lib + "/libfastllm_rt_files.a"});
   for (const std::string &archive : recipe->targetLibraries)
     link.push_back(lib + "/" + archive);
   link.push_back("-Wl,--end-group");
