@@ -31,7 +31,9 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
@@ -48,16 +50,19 @@ namespace {
 /// before a range is used and cleared when it is unmapped, so the handler
 /// reads it without locks; a mapping beyond its capacity is still used,
 /// and a SIGBUS in it is reported as a plain bus error.
+/// Each range also keeps the mapped file open (rangeFd), for scanBytes.
 constexpr int kMaxRanges = 4096;
 std::atomic<uintptr_t> rangeBegin[kMaxRanges], rangeEnd[kMaxRanges];
+std::atomic<int> rangeFd[kMaxRanges];
 std::mutex rangesMutex;
 
-void registerRange(char *base, size_t size, bool add) {
+void registerRange(char *base, size_t size, bool add, int fd = -1) {
   std::lock_guard<std::mutex> lock(rangesMutex);
   uintptr_t b = reinterpret_cast<uintptr_t>(base);
   for (int i = 0; i < kMaxRanges; ++i) {
     if (add && rangeBegin[i].load() == 0) {
       rangeEnd[i].store(b + size);
+      rangeFd[i].store(fd);
       rangeBegin[i].store(b);
       return;
     }
@@ -102,21 +107,60 @@ void installBusErrorHandler() {
 }
 } // namespace
 
-void mlir::fastllm::releaseMappedPages(ArrayRef<char> data) {
-  if (data.empty())
-    return;
+/// The registered range that holds all of `data`, or -1.
+static int findRange(ArrayRef<char> data) {
   uintptr_t begin = reinterpret_cast<uintptr_t>(data.data());
   uintptr_t end = begin + data.size();
-  bool inMapping = false;
-  for (int i = 0; i < kMaxRanges && !inMapping; ++i) {
+  for (int i = 0; i < kMaxRanges; ++i) {
     uintptr_t b = rangeBegin[i].load();
-    inMapping = b && begin >= b && end <= rangeEnd[i].load();
+    if (b && begin >= b && end <= rangeEnd[i].load())
+      return i;
   }
-  if (!inMapping)
+  return -1;
+}
+
+bool mlir::fastllm::scanBytes(ArrayRef<char> data, size_t unit,
+                              llvm::function_ref<bool(ArrayRef<char>)> fn) {
+  int range = data.empty() ? -1 : findRange(data);
+  int fd = range < 0 ? -1 : rangeFd[range].load();
+  if (fd < 0)
+    return fn(data);
+  // 1 MiB at a time: the buffer stays in the cache between the read and
+  // the scan.
+  size_t chunk = std::max<size_t>((size_t(1) << 20) / unit, 1) * unit;
+  std::vector<char> buffer(std::min(chunk, data.size()));
+  uint64_t offset =
+      reinterpret_cast<uintptr_t>(data.data()) - rangeBegin[range].load();
+  for (size_t done = 0; done < data.size();) {
+    size_t want = std::min(chunk, data.size() - done), got = 0;
+    while (got < want) {
+      ssize_t n =
+          ::pread(fd, buffer.data() + got, want - got, offset + done + got);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        break;
+      got += size_t(n);
+    }
+    // A read that comes up short (the file shrank) goes through the
+    // mapping, whose SIGBUS says what happened.
+    ArrayRef<char> piece = got == want ? ArrayRef<char>(buffer.data(), want)
+                                       : data.slice(done, want);
+    if (fn(piece))
+      return true;
+    done += want;
+  }
+  return false;
+}
+
+void mlir::fastllm::releaseMappedPages(ArrayRef<char> data) {
+  if (data.empty() || findRange(data) < 0)
     return;
   // Whole pages inside the range only: a neighbour's bytes may share the
   // first and last. The mapping is read-only, so nothing is lost: a later
   // read faults the page in again from the page cache.
+  uintptr_t begin = reinterpret_cast<uintptr_t>(data.data());
+  uintptr_t end = begin + data.size();
   uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
   uintptr_t first = (begin + page - 1) / page * page;
   uintptr_t last = end / page * page;
@@ -127,6 +171,8 @@ void mlir::fastllm::releaseMappedPages(ArrayRef<char> data) {
 MappedFile::~MappedFile() {
   registerRange(base, size, /*add=*/false);
   ::munmap(base, size);
+  if (fd >= 0)
+    ::close(fd);
 }
 
 std::shared_ptr<MappedFile> mlir::fastllm::mapFileReadOnly(int fd,
@@ -137,8 +183,14 @@ std::shared_ptr<MappedFile> mlir::fastllm::mapFileReadOnly(int fd,
   if (base == MAP_FAILED)
     return nullptr;
   installBusErrorHandler();
-  registerRange(static_cast<char *>(base), size_t(size), true);
-  return std::make_shared<MappedFile>(static_cast<char *>(base), size_t(size));
+  // The mapping keeps a descriptor of its own (the caller closes `fd`);
+  // without one, scans read through the mapping.
+  int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  registerRange(static_cast<char *>(base), size_t(size), true, own);
+  auto mapped =
+      std::make_shared<MappedFile>(static_cast<char *>(base), size_t(size));
+  mapped->fd = own;
+  return mapped;
 }
 
 std::shared_ptr<MappedFile>

@@ -39,24 +39,39 @@ static ArrayRef<char> parameterBytes(model::ParameterOp p) {
 
 /// True when every 4-byte element of `data` has the bits of the first.
 static bool allElementsEqual(ArrayRef<char> data) {
-  for (size_t k = sizeof(float); k < data.size(); k += sizeof(float))
-    if (std::memcmp(data.data(), data.data() + k, sizeof(float)))
-      return false;
-  return true;
+  if (data.size() < sizeof(float))
+    return true;
+  char first[sizeof(float)];
+  std::memcpy(first, data.data(), sizeof(float));
+  bool differs = scanBytes(data, sizeof(float), [&](ArrayRef<char> piece) {
+    for (size_t k = 0; k < piece.size(); k += sizeof(float))
+      if (std::memcmp(first, piece.data() + k, sizeof(float)))
+        return true;
+    return false;
+  });
+  return !differs;
 }
 
 /// True when `a` (rows x cols f32) holds the transpose of `b` (cols x rows),
-/// bit for bit. In 32x32 tiles: an element-by-element walk down `b`'s
-/// columns misses the cache on every element (GPT-2's 154 MB head).
+/// bit for bit. In 32x32 tiles copied out of both (an element-by-element
+/// walk down `b`'s columns misses the cache on every element: GPT-2's
+/// 154 MB head).
 static bool isTranspose(const char *a, const char *b, int64_t rows,
                         int64_t cols) {
   constexpr int64_t kTile = 32, w = sizeof(float);
+  uint32_t ta[kTile][kTile], tb[kTile][kTile];
   for (int64_t i0 = 0; i0 < rows; i0 += kTile)
-    for (int64_t j0 = 0; j0 < cols; j0 += kTile)
-      for (int64_t i = i0; i < std::min(rows, i0 + kTile); ++i)
-        for (int64_t j = j0; j < std::min(cols, j0 + kTile); ++j)
-          if (std::memcmp(a + (i * cols + j) * w, b + (j * rows + i) * w, w))
+    for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
+      int64_t ni = std::min(kTile, rows - i0), nj = std::min(kTile, cols - j0);
+      for (int64_t i = 0; i < ni; ++i)
+        std::memcpy(ta[i], a + ((i0 + i) * cols + j0) * w, nj * w);
+      for (int64_t j = 0; j < nj; ++j)
+        std::memcpy(tb[j], b + ((j0 + j) * rows + i0) * w, ni * w);
+      for (int64_t i = 0; i < ni; ++i)
+        for (int64_t j = 0; j < nj; ++j)
+          if (ta[i][j] != tb[j][i])
             return false;
+    }
   return true;
 }
 

@@ -44,6 +44,7 @@ struct MappedFile {
   ~MappedFile();
   char *base;
   size_t size;
+  int fd = -1; ///< the file, kept open for scanBytes (-1: none)
 };
 
 /// An initializer's bytes and what keeps them alive: the read-only mapping
@@ -68,6 +69,14 @@ constexpr const char *kInitialValueTransposedAttr =
 /// file (a scan is done with it; a later read faults them in again from
 /// the page cache); does nothing for other memory.
 void releaseMappedPages(ArrayRef<char> data);
+
+/// Calls `fn` on consecutive pieces of `data` (each a whole number of
+/// `unit`-byte elements) until it returns true, and returns whether it did.
+/// Bytes of a mapped file are read with pread into a small buffer instead
+/// of through the mapping: a page fault per 64 KiB costs several times the
+/// read, and no page of the file stays in this process.
+bool scanBytes(ArrayRef<char> data, size_t unit,
+               llvm::function_ref<bool(ArrayRef<char>)> fn);
 
 /// Maps `size` bytes of the open file `fd` read-only (MAP_PRIVATE); null
 /// when it cannot. A SIGBUS in the mapping (the file was truncated while

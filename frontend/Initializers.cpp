@@ -165,8 +165,11 @@ static bool holdsNonFinite(model::ParameterOp p) {
   AsmResourceBlob *blob = res ? res.getRawHandle().getBlob() : nullptr;
   if (!blob)
     return false;
+  Type type = p.getTensorType().getElementType();
   bool found =
-      anyNonFinite(blob->getData(), p.getTensorType().getElementType());
+      scanBytes(blob->getData(), byteWidth(type), [&](ArrayRef<char> piece) {
+        return anyNonFinite(piece, type);
+      });
   releaseMappedPages(blob->getData());
   return found;
 }
