@@ -67,6 +67,8 @@ namespace {
 /// phase ends. A no-op unless enabled.
 class PhaseTimer {
 public:
+  using Clock = std::chrono::steady_clock;
+
   explicit PhaseTimer(bool enabled)
       : enabled(enabled), start(Clock::now()), last(start) {}
 
@@ -75,15 +77,18 @@ public:
     if (!enabled)
       return;
     Clock::time_point now = Clock::now();
-    struct rusage self {
-    }, children{};
-    ::getrusage(RUSAGE_SELF, &self);
-    ::getrusage(RUSAGE_CHILDREN, &children);
-    errs() << format("phase %-10s %8.3f s   peak RSS %8.1f MB   children "
-                     "%8.1f MB\n",
-                     name.str().c_str(), seconds(last, now),
-                     self.ru_maxrss / 1024.0, children.ru_maxrss / 1024.0);
+    print(name, seconds(last, now));
     last = now;
+  }
+  /// Reports phase `name`, which ran `wall` seconds alongside another; the
+  /// next phase still begins when the previous one ended.
+  void alongside(StringRef name, double wall) {
+    if (enabled)
+      print(name, wall);
+  }
+  /// Wall seconds since `from`, for alongside().
+  static double since(Clock::time_point from) {
+    return seconds(from, Clock::now());
   }
   /// Prints the total once the compile is done.
   void total() {
@@ -93,9 +98,18 @@ public:
   }
 
 private:
-  using Clock = std::chrono::steady_clock;
   static double seconds(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
+  }
+  static void print(StringRef name, double wall) {
+    struct rusage self {
+    }, children{};
+    ::getrusage(RUSAGE_SELF, &self);
+    ::getrusage(RUSAGE_CHILDREN, &children);
+    errs() << format("phase %-10s %8.3f s   peak RSS %8.1f MB   children "
+                     "%8.1f MB\n",
+                     name.str().c_str(), wall, self.ru_maxrss / 1024.0,
+                     children.ru_maxrss / 1024.0);
   }
   bool enabled;
   Clock::time_point start, last;
@@ -907,15 +921,32 @@ static bool writeArtifacts(ModuleOp module,
       return false;
   }
   timer.end("source");
-  if (failed(mlir::fastllm::writeWeights(module, path("weights.safetensors"))))
-    return false;
-  timer.end("weights");
-  if (flags.emit == "source")
+  if (flags.emit == "source") {
+    if (failed(
+            mlir::fastllm::writeWeights(module, path("weights.safetensors"))))
+      return false;
+    timer.end("weights");
     return true;
+  }
+  // The weights are written by a thread of this process while the
+  // compilers (child processes) build the binary: neither waits for the
+  // other (GPT-2: writing 0.5 GB, syncing it, and the C++ build). Only the
+  // writer reads the module meanwhile (MLIR's diagnostic engine is
+  // thread-safe).
+  bool weightsWritten = false;
+  double weightsWall = 0;
+  std::thread writer([&] {
+    PhaseTimer::Clock::time_point start = PhaseTimer::Clock::now();
+    weightsWritten = succeeded(
+        mlir::fastllm::writeWeights(module, path("weights.safetensors")));
+    weightsWall = PhaseTimer::since(start);
+  });
   bool built = buildBinary(output.stagingDir(), target, flags.cudaEmulation,
                            flags.targetCpu);
+  writer.join();
+  timer.alongside("weights", weightsWall);
   timer.end("build");
-  return built;
+  return built && weightsWritten;
 }
 
 void mlir::fastllm::printVersion(raw_ostream &os) {
