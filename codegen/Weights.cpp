@@ -170,9 +170,27 @@ static void readTransposed(const char *stored, int64_t rows, int64_t cols,
     }
 }
 
+/// Reads `bytes` bytes of `fd` at `offset` into `into` (resized to them);
+/// false when the file ends first or cannot be read.
+static bool readFile(int fd, uint64_t offset, size_t bytes,
+                     std::vector<char> &into) {
+  into.resize(bytes);
+  for (size_t done = 0; done < bytes;) {
+    ssize_t n = ::pread(fd, into.data() + done, bytes - done, offset + done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return false;
+    done += size_t(n);
+  }
+  return true;
+}
+
 LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
   std::vector<::fastllm::rt::TensorRef> tensors;
   ReadOnlyFileMappings mappings;
+  // The transposed tensor being written, when read from its file.
+  std::vector<char> scratch;
   for (auto p : module.getOps<ParameterOp>()) {
     ElementsAttr init = p.getInitialValueAttr();
     RankedTensorType t = p.getTensorType();
@@ -195,9 +213,19 @@ LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
           return p.emitOpError("has a transposed initial value but is not a "
                                "matrix");
         int64_t rows = t.getDimSize(0), cols = t.getDimSize(1);
-        ref.read = [data, rows, cols](uint64_t begin, uint64_t count,
-                                      float *out) {
-          readTransposed(data, rows, cols, begin, count, out);
+        // A tensor in a file is read into `scratch` once, when its first
+        // rows are asked for (reading the file beats faulting the mapping
+        // in page by page, several times over here), and transposed from
+        // there; otherwise straight from memory.
+        auto [fd, offset] = mappings.source(data, bytes);
+        ref.read = [data, rows, cols, bytes, fd = fd, offset = offset,
+                    &scratch](uint64_t begin, uint64_t count, float *out) {
+          const char *from = data;
+          if (fd >= 0 && begin == 0 && !readFile(fd, offset, bytes, scratch))
+            scratch.clear();
+          if (fd >= 0 && scratch.size() == bytes)
+            from = scratch.data();
+          readTransposed(from, rows, cols, begin, count, out);
         };
       } else {
         ref.data = data;
@@ -226,8 +254,8 @@ LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
     // this process raises SIGBUS instead: frontend/ExternalData.cpp).
     if (StringRef(status.message()).ends_with(std::strerror(EFAULT)))
       return module.emitError(status.message())
-             << " (a model file mapped in memory, external data, was "
-                "probably truncated while being read)";
+             << " (a model file mapped in memory, the .onnx or its external "
+                "data, was probably truncated while being read)";
     return module.emitError(status.message());
   }
   return success();

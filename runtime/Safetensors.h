@@ -74,7 +74,7 @@ struct TensorRef {
 };
 
 /// The most bytes writeSafetensors buffers for a tensor given by `read`.
-constexpr uint64_t kWriteBufferBytes = uint64_t(8) << 20;
+constexpr uint64_t kWriteBufferBytes = uint64_t(1) << 20;
 
 /// What a writer put in a file.
 struct WrittenFile {
