@@ -485,6 +485,10 @@ struct BuildRecipe {
   /// The linker's flags: the linker the build's configuration chose, when
   /// the compiler is the build's.
   std::vector<std::string> linkFlags;
+  /// The step's headers precompiled by the build (runtime/cpu/CMakeLists.txt)
+  /// with compileFlags and stepFlags, in the runtime's lib/; used when
+  /// usablePch() says so. Empty: none (another compiler, another target).
+  std::string kernelsPch, stepPch;
   std::vector<std::string> targetLibraries; ///< archives in the runtime's lib/
   std::vector<std::string> systemLibraries;
 };
@@ -522,8 +526,12 @@ static std::optional<BuildRecipe> recipeFor(mlir::fastllm::Target target,
       appendFlags(r.compileFlags, ::fastllm::build::kCpuPortableFlags);
       appendFlags(r.stepFlags, ::fastllm::build::kCpuPortableStepFlags);
     }
-    for (auto *flags : {&r.compileFlags, &r.stepFlags})
-      flags->insert(flags->end(), {"-std=c++17", "-fopenmp"});
+    if (cxx == FASTLLM_HOST_CXX) {
+      std::string prefix =
+          native ? "fastllm_cpu_native_" : "fastllm_cpu_portable_";
+      r.kernelsPch = prefix + "kernels.pch";
+      r.stepPch = prefix + "step.pch";
+    }
     r.targetLibraries = {"libfastllm_rt_cpu.a",
                          native ? "libfastllm_cpu_kernels_native.a"
                                 : "libfastllm_cpu_kernels.a"};
@@ -582,6 +590,36 @@ static RuntimeLocation runtimeLocation() {
   return {FASTLLM_SOURCE_DIR, FASTLLM_RUNTIME_LIB_DIR};
 }
 
+/// `dir`/`name` when it is a precompiled header that is up to date: it
+/// exists, and every file it was built from (`name`.d, the compiler's
+/// dependency list) still exists and is no newer than it. Clang refuses a
+/// header changed since, so a stale or moved one is not used (the parts then
+/// parse the headers themselves). Empty otherwise.
+static std::string usablePch(StringRef dir, StringRef name) {
+  if (name.empty())
+    return "";
+  SmallString<256> pch(dir);
+  sys::path::append(pch, name);
+  sys::fs::file_status pchStatus;
+  auto deps = MemoryBuffer::getFile(pch + ".d");
+  if (sys::fs::status(pch, pchStatus) || !deps)
+    return "";
+  SmallVector<StringRef> words;
+  (*deps)->getBuffer().split(words, ' ', -1, /*KeepEmpty=*/false);
+  bool any = false;
+  for (StringRef word : words) {
+    word = word.trim();
+    if (word.empty() || word == "\\" || word.ends_with(":"))
+      continue;
+    sys::fs::file_status status;
+    if (word.ends_with("\\") || sys::fs::status(word, status) ||
+        status.getLastModificationTime() > pchStatus.getLastModificationTime())
+      return ""; // an escaped space, a missing or a newer file
+    any = true;
+  }
+  return any ? std::string(pch) : "";
+}
+
 /// Compiles and links the training binary DIR/train: the generated step, the
 /// runtime, and the target's device and kernel libraries. The compilers'
 /// output goes to DIR/build.log and is shown on failure.
@@ -617,8 +655,13 @@ static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
                             ? recipe->stepFlags
                             : recipe->compileFlags;
     c.args.insert(c.args.end(), flags.begin(), flags.end());
-    if (k)
+    if (k) {
+      std::string pch = usablePch(runtime.libDir, k == 1 ? recipe->stepPch
+                                                         : recipe->kernelsPch);
+      if (!pch.empty())
+        c.args.insert(c.args.end(), {"-include-pch", pch});
       c.args.push_back("-DFASTLLM_PART=" + std::to_string(k));
+    }
     c.args.insert(c.args.end(),
                   {"-I" + runtime.includeDir, "-c", source, "-o", object});
     c.what = k ? "compiling part " + std::to_string(k) + " of " + source
