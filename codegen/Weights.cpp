@@ -36,11 +36,6 @@ using namespace mlir;
 using namespace mlir::fastllm;
 using namespace mlir::fastllm::model;
 
-/// The importer's mark on a folded weight whose bytes are still the
-/// transpose of its type (frontend/GraphImporter.h).
-static constexpr const char *kInitialValueTransposedAttr =
-    "model.initial_value_transposed";
-
 namespace {
 /// The read-only, private mappings of files that are not programs or
 /// libraries, from /proc/self/maps: pages there are clean copies of the

@@ -22,6 +22,7 @@
 
 #include "frontend/NodeImporter.h"
 #include "frontend/OnnxImporter.h"
+#include "ir/ModelDialect.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -57,13 +58,9 @@ struct TensorBytes {
   bool mapped = false;
 };
 
-/// The attribute nameFoldedWeights sets on a renamed folded weight whose
-/// bytes lie in a read-only mapping: its initial value's bytes are still the
-/// exporter's layout, the [in, out] transpose of the parameter's [out, in]
-/// type, and are transposed when weights.safetensors is written
-/// (codegen/Weights.cpp reads the same name).
-constexpr const char *kInitialValueTransposedAttr =
-    "model.initial_value_transposed";
+/// nameFoldedWeights marks a folded weight it leaves in the exporter's
+/// layout with model::kInitialValueTransposedAttr (ir/ModelDialect.h).
+using model::kInitialValueTransposedAttr;
 
 /// Gives back the pages of `data` when it lies in a mapped external-data
 /// file (a scan is done with it; a later read faults them in again from

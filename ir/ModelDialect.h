@@ -35,6 +35,15 @@ class PointwiseTrait : public OpTrait::TraitBase<ConcreteType, PointwiseTrait> {
 #include "ir/ModelOps.h.inc"
 
 namespace mlir::fastllm::model {
+/// Set on a model.parameter whose initial value's bytes are still in the
+/// exporter's layout: the [in, out] transpose of its [out, in] type (a
+/// folded weight the importer found in a read-only mapping of the model's
+/// files and did not transpose in place). codegen/Weights.cpp transposes it
+/// while writing weights.safetensors; nothing may read its elements as the
+/// parameter's.
+constexpr llvm::StringLiteral kInitialValueTransposedAttr =
+    "model.initial_value_transposed";
+
 /// The value whose buffer `v` names: `v` seen through every view
 /// (ViewLikeOpInterface: model.reshape) back to the op that owns memory, or
 /// to a block argument.

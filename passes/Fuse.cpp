@@ -578,7 +578,9 @@ KnownPtr buildKnown(Value v, int &budget) {
   if (auto get = dyn_cast<GetParameterOp>(op)) {
     auto param = SymbolTable::lookupNearestSymbolFrom<ParameterOp>(
         get, get.getNameAttr());
-    if (!param || !param.getFrozen() || !param.getInitialValue())
+    // A value still in the exporter's layout is not the parameter's.
+    if (!param || !param.getFrozen() || !param.getInitialValue() ||
+        param->hasAttr(kInitialValueTransposedAttr))
       return nullptr;
     return leaf(*param.getInitialValue());
   }

@@ -231,6 +231,35 @@ func.func @blob_buffer(%q: tensor<3x4xf32>, %kt: tensor<4x3xf32>, %v: tensor<3x4
 
 // -----
 
+// Tests a frozen buffer whose bytes are still in the exporter's layout
+// (model.initial_value_transposed, as the importer leaves a folded weight
+// it found in a read-only mapping): the bytes spell the causal mask above,
+// but the value is their transpose, which masks the past: no fusion.
+
+model.parameter @stored : tensor<3x3xf32> = dense_resource<stored> : tensor<3x3xf32> {frozen, model.initial_value_transposed}
+
+// CHECK-LABEL: func.func @transposed_buffer
+// CHECK-NOT: model.causal_attention
+// CHECK: model.softmax
+func.func @transposed_buffer(%q: tensor<3x4xf32>, %kt: tensor<4x3xf32>, %v: tensor<3x4xf32>) -> tensor<3x4xf32> {
+  %m = model.get_parameter @stored : tensor<3x3xf32>
+  %s = model.matmul %q, %kt : tensor<3x4xf32>, tensor<4x3xf32> -> tensor<3x3xf32>
+  %a = model.add %s, %m : tensor<3x3xf32>, tensor<3x3xf32> -> tensor<3x3xf32>
+  %p = model.softmax %a dim 1 : tensor<3x3xf32>
+  %o = model.matmul %p, %v : tensor<3x3xf32>, tensor<3x4xf32> -> tensor<3x4xf32>
+  return %o : tensor<3x4xf32>
+}
+
+{-#
+  dialect_resources: {
+    builtin: {
+      stored: "0x0400000000000000000080FF000080FF0000000000000000000080FF000000000000000000000000"
+    }
+  }
+#-}
+
+// -----
+
 // Tests masks that must not fuse, each one step from a causal one: a
 // trainable parameter holding the causal pattern (training changes it), a
 // frozen one with no value, a diagonal offset (triu(0): the diagonal masked
