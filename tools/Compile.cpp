@@ -80,8 +80,9 @@ public:
     print(name, seconds(last, now));
     last = now;
   }
-  /// Reports phase `name`, which ran `wall` seconds alongside another; the
-  /// next phase still begins when the previous one ended.
+  /// Reports phase `name`, which ran `wall` seconds alongside another (the
+  /// total is less than the sum); a later end() still counts from the
+  /// previous end().
   void alongside(StringRef name, double wall) {
     if (enabled)
       print(name, wall);
@@ -788,7 +789,8 @@ CompileFlags::CompileFlags(cl::OptionCategory &category)
                  cl::desc("Print each phase's wall time and the peak memory "
                           "so far to stderr: import, passes, plan (plan.mlir "
                           "and plan.json), source, weights, build (the C++ "
-                          "compiler and linker) (default: off)"),
+                          "compiler and linker, while the weights are "
+                          "written) (default: off)"),
                  cl::cat(category)) {
 }
 
@@ -984,11 +986,13 @@ static bool writeArtifacts(ModuleOp module,
         mlir::fastllm::writeWeights(module, path("weights.safetensors")));
     weightsWall = PhaseTimer::since(start);
   });
+  PhaseTimer::Clock::time_point buildStart = PhaseTimer::Clock::now();
   bool built = buildBinary(output.stagingDir(), target, flags.cudaEmulation,
                            flags.targetCpu);
+  double buildWall = PhaseTimer::since(buildStart);
   writer.join();
   timer.alongside("weights", weightsWall);
-  timer.end("build");
+  timer.alongside("build", buildWall);
   return built && weightsWritten;
 }
 
