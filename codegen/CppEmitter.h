@@ -60,17 +60,23 @@ llvm::StringRef targetName(Target target);
 ///
 /// Compiled as it is, the source is one translation unit. A target with
 /// `splitParts` writes it in sections that may instead be compiled as N
-/// translation units, the k-th with -DFASTLLM_PART=k (1 <= k <= N, N =
-/// sourceParts()), and linked together: part 1 holds the plan and
-/// fastllm_step(), whose body only computes pointers and calls kernels (it
-/// needs no optimisation); parts 2..N the explicit instantiations of the
-/// kernel templates its functors need, which do.
+/// translation units, the k-th with -DFASTLLM_PART=k (1 <= k <= N), and
+/// linked together (sourceParts()): part 1 holds the plan and
+/// fastllm_step(), whose body only computes pointers and calls kernels;
+/// parts 2..S the constants when they are large; none of these needs
+/// optimisation. Parts S+1..N hold the explicit instantiations of the
+/// kernel templates the step's functors need, which do.
 LogicalResult emitSource(ModuleOp module, Target target, llvm::raw_ostream &os);
 
-/// The number N of parts of a source emitSource() wrote, read from its
-/// header line `// fastllm-parts: N`; 0 when it is one translation unit
-/// only.
-unsigned sourceParts(llvm::StringRef source);
+/// How a source emitSource() wrote splits into translation units.
+struct SourceParts {
+  unsigned count = 0;       ///< N; 0 when it is one translation unit only
+  unsigned unoptimised = 0; ///< S: parts 1..S need no optimisation
+};
+
+/// The parts of a source emitSource() wrote, read from its header line
+/// `// fastllm-parts: N unoptimised: S`.
+SourceParts sourceParts(llvm::StringRef source);
 
 /// Registers the translations `fastllm-to-cpu` and `fastllm-to-cuda`
 /// (emitSource() for each target) for `fastllm-opt translate`.

@@ -43,6 +43,7 @@ LogicalResult StepEmitter::emitConstants(func::FuncOp step) {
     int64_t count = dense.isSplat() ? 1 : dense.getNumElements();
     if (dense.isSplat())
       splats.insert(c.getResult());
+    size_t start = constants.size();
     // CUDA: the array lives on the device as gN; the step names it through
     // a pointer cN it looks up once.
     if (desc.constantsOnDevice) {
@@ -84,6 +85,10 @@ LogicalResult StepEmitter::emitConstants(func::FuncOp step) {
     for (int64_t k = 0; k < count; ++k)
       print(k);
     cs << "};\n";
+    // A split source may define it in a part of its own (writeFile).
+    constantDefs.push_back({"extern const " + *type + " " + n + "[" +
+                                std::to_string(count) + "];\n",
+                            constants.substr(start), count});
   }
   return success();
 }

@@ -167,6 +167,13 @@ private:
   DenseSet<Value> splats; ///< 1-element arrays standing for a splat
   unsigned counter = 0;
   std::string constants;
+  /// Each constant's declaration, definition (in `constants` too) and
+  /// elements, for a split source that compiles large ones apart.
+  struct ConstantDef {
+    std::string declaration, definition;
+    int64_t elements;
+  };
+  SmallVector<ConstantDef> constantDefs;
   std::string constantPointers;   ///< CUDA: the step's pointers to them
   std::optional<MemoryPlan> plan; ///< the module's, read once
   int64_t microBatch = 1;         ///< samples per micro-batch: the tokens' rows

@@ -480,8 +480,9 @@ static bool runLogged(ArrayRef<std::string> args, StringRef log,
 struct BuildRecipe {
   std::string compiler;
   std::vector<std::string> compileFlags;
-  /// The flags of part 1 of a source in parts (the plan and the step's
-  /// calls: no optimisation needed), in place of compileFlags.
+  /// The flags of the parts of a source in parts that need no optimisation
+  /// (the plan and the step's calls, the constants), in place of
+  /// compileFlags.
   std::vector<std::string> stepFlags;
   /// The linker's flags: the linker the build's configuration chose, when
   /// the compiler is the build's.
@@ -642,9 +643,10 @@ static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
 
   // A source in parts (codegen/CppEmitter.h, sourceParts()) is compiled as
   // one translation unit per part, concurrently; otherwise as one.
-  unsigned parts = 0;
+  mlir::fastllm::SourceParts split;
   if (auto text = MemoryBuffer::getFile(source))
-    parts = mlir::fastllm::sourceParts((*text)->getBuffer());
+    split = mlir::fastllm::sourceParts((*text)->getBuffer());
+  unsigned parts = split.count;
   std::vector<BuildCommand> compiles;
   std::vector<std::string> objects;
   for (unsigned k = parts ? 1 : 0; k <= parts; ++k) {
@@ -652,13 +654,14 @@ static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
         path(k ? "train_step.part" + std::to_string(k) + ".o" : "train_step.o");
     BuildCommand c;
     c.args = {recipe->compiler};
-    const auto &flags = k == 1 && !recipe->stepFlags.empty()
+    bool unoptimised = k && k <= split.unoptimised;
+    const auto &flags = unoptimised && !recipe->stepFlags.empty()
                             ? recipe->stepFlags
                             : recipe->compileFlags;
     c.args.insert(c.args.end(), flags.begin(), flags.end());
     if (k) {
-      std::string pch = usablePch(runtime.libDir, k == 1 ? recipe->stepPch
-                                                         : recipe->kernelsPch);
+      std::string pch = usablePch(
+          runtime.libDir, unoptimised ? recipe->stepPch : recipe->kernelsPch);
       if (!pch.empty())
         c.args.insert(c.args.end(), {"-include-pch", pch});
       c.args.push_back("-DFASTLLM_PART=" + std::to_string(k));

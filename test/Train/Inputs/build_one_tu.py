@@ -2,11 +2,12 @@
 """build_one_tu.py BUILD_LOG SOURCE OUT: rebuilds a CPU step that `compile`
 built in parts (build.log: one compile per -DFASTLLM_PART=k, then the link)
 as what a user building the source by hand gets: SOURCE compiled once,
-without FASTLLM_PART, with the kernel parts' flags, and linked like the
-parts into OUT/train. Also compiles part 1 (the plan and the step's calls,
-built without optimisation) into OUT/part1.o and checks that it defines no
-kernel code: every instance of a kernel template it calls is defined by a
-kernel part or the library, built optimised."""
+without FASTLLM_PART, with the last (kernel) part's flags, and linked like
+the parts into OUT/train. Also compiles the parts built without
+optimisation (1..S of SOURCE's `// fastllm-parts: N unoptimised: S`: the
+plan and the step's calls, the large constants) into OUT/partK.o and checks
+that they define no kernel code: every instance of a kernel template the
+step calls is defined by a kernel part or the library, built optimised."""
 import os
 import re
 import subprocess
@@ -49,8 +50,12 @@ def retarget(args, obj, keep_part):
     return res
 
 
+header = re.search(r"^// fastllm-parts: (\d+) unoptimised: (\d+)$", open(source).read(),
+                   re.M)
+count, unoptimised = int(header.group(1)), int(header.group(2))
+assert count == len(parts), f"the source has {count} parts, the log {len(parts)}"
 one = os.path.join(out, "train_step.o")
-subprocess.run(retarget(parts[2], one, False), check=True)
+subprocess.run(retarget(parts[count], one, False), check=True)
 linked, placed = [], False
 for a in retarget(link, os.path.join(out, "train"), True):
     if re.search(r"\.part\d+\.o$", a):
@@ -61,10 +66,12 @@ for a in retarget(link, os.path.join(out, "train"), True):
     linked.append(a)
 subprocess.run(linked, check=True)
 
-part1 = os.path.join(out, "part1.o")
-subprocess.run(retarget(parts[1], part1, True), check=True)
-symbols = subprocess.run(["nm", "-C", "--defined-only", part1], check=True,
-                         capture_output=True, text=True).stdout
-kernels = [s for s in symbols.splitlines() if "fastllm::rt::cpu::" in s]
-assert not kernels, "part 1 defines kernel code:\n" + "\n".join(kernels[:10])
-print(f"{len(parts)} parts; one translation unit built; part 1 defines no kernel code")
+for k in range(1, unoptimised + 1):
+    obj = os.path.join(out, f"part{k}.o")
+    subprocess.run(retarget(parts[k], obj, True), check=True)
+    symbols = subprocess.run(["nm", "-C", "--defined-only", obj], check=True,
+                             capture_output=True, text=True).stdout
+    kernels = [s for s in symbols.splitlines() if "fastllm::rt::cpu::" in s]
+    assert not kernels, f"part {k} defines kernel code:\n" + "\n".join(kernels[:10])
+print(f"{count} parts; one translation unit built; parts 1..{unoptimised} "
+      "define no kernel code")
