@@ -242,8 +242,12 @@ LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
     }
     tensors.push_back(std::move(ref));
   }
+  // Not synced before its rename: the file is the model's weights again and
+  // compile can make it anew (syncing 3.8 GB cost 1.3-1.9 s of the 0.94B
+  // model's compile); after a crash a short file is refused by train.
   ::fastllm::rt::Status status = ::fastllm::rt::writeSafetensors(
-      path.str(), tensors, {{"format", "pt"}, {"producer", "fastllm-opt"}});
+      path.str(), tensors, {{"format", "pt"}, {"producer", "fastllm-opt"}},
+      /*written=*/nullptr, /*durable=*/false);
   if (!status.ok()) {
     // write() from a mapping whose file shrank fails with EFAULT (a read in
     // this process raises SIGBUS instead: frontend/ExternalData.cpp).

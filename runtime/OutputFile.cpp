@@ -49,7 +49,8 @@ void fastllm::rt::syncFolder(const std::string &folder) {
   }
 }
 
-OutputFile::OutputFile(std::string path) : target(std::move(path)) {}
+OutputFile::OutputFile(std::string path, bool durable)
+    : target(std::move(path)), durable(durable) {}
 
 OutputFile::~OutputFile() {
   if (fd >= 0)
@@ -123,7 +124,7 @@ size_t OutputFile::copyFrom(int source, uint64_t offset, size_t bytes) {
 bool OutputFile::finishWithoutRename() {
   if (fd < 0)
     return fail("cannot write '" + target + "': not open", 0);
-  int err = ::fsync(fd) == 0 ? 0 : errno;
+  int err = !durable || ::fsync(fd) == 0 ? 0 : errno;
   if (::close(fd) != 0 && !err)
     err = errno;
   fd = -1;

@@ -8,7 +8,11 @@
 // entry is now: nothing or a regular file may be replaced, anything else (a
 // device node, a FIFO, a socket, a directory, a symlink) is refused with a
 // message before a byte is written. A failed or abandoned write leaves the
-// target as it was and removes its temporary.
+// target as it was and removes its temporary. A file that can be made again
+// (compile's weights.safetensors: the model's weights, rewritten) may skip
+// the sync: readers still see the old file or the complete new one while the
+// system runs, and after a crash it may be short, which its reader reports
+// (a truncated safetensors file is refused), never silently wrong.
 //
 // Plain C++17 and POSIX: linked by the runtime and by fastllm-opt alike.
 //
@@ -33,7 +37,9 @@ constexpr const char *kTemporarySuffix = ".tmp-";
 
 class OutputFile {
 public:
-  explicit OutputFile(std::string path);
+  /// `durable`: sync the file before it is renamed over the target (see
+  /// above for when not to).
+  explicit OutputFile(std::string path, bool durable = true);
   OutputFile(const OutputFile &) = delete;
   OutputFile &operator=(const OutputFile &) = delete;
   /// Removes the temporary unless commit() succeeded.
@@ -72,6 +78,7 @@ private:
 
   std::string target, tmp, message;
   int fd = -1;
+  bool durable;
   bool keepTemporary = false;
 };
 

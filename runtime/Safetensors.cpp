@@ -215,7 +215,7 @@ Status SafetensorsReader::readF32(const std::string &name,
 Status fastllm::rt::writeSafetensors(
     const std::string &path, const std::vector<TensorRef> &tensors,
     const std::vector<std::pair<std::string, std::string>> &metadata,
-    WrittenFile *written) {
+    WrittenFile *written, bool durable) {
   std::string header = "{";
   if (!metadata.empty()) {
     header += "\"__metadata__\":{";
@@ -238,7 +238,7 @@ Status fastllm::rt::writeSafetensors(
   header.append((8 - header.size() % 8) % 8, ' ');
   uint64_t headerBytes = header.size();
 
-  OutputFile file(path);
+  OutputFile file(path, durable);
   bool ok = file.open() && file.write(&headerBytes, 8) &&
             file.write(header.data(), headerBytes);
   std::vector<float> buffer;

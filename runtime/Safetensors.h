@@ -89,10 +89,12 @@ struct WrittenFile {
 /// Tensors stream from where they lie: `data` is written as is, `read`
 /// fills a buffer of at most kWriteBufferBytes (or one row, if larger).
 /// `written`, when given, receives the tensor count and file size.
+/// `durable` false skips the sync before the rename, for a file that can be
+/// made again (runtime/OutputFile.h).
 Status writeSafetensors(
     const std::string &path, const std::vector<TensorRef> &tensors,
     const std::vector<std::pair<std::string, std::string>> &metadata = {},
-    WrittenFile *written = nullptr);
+    WrittenFile *written = nullptr, bool durable = true);
 
 /// Which parameters loadParams reads.
 enum class Which { All, Frozen };
