@@ -18,7 +18,9 @@ Models (generated once, cached in --cache, never in the repository):
 Each case runs `compile --time-phases` in a fresh process for --emit mlir,
 source and binary; the table gives each phase's wall time (import, passes,
 plan = plan.mlir + plan.json, source = the generated C++, weights =
-weights.safetensors, build = the C++ compiler and linker), the total, and
+weights.safetensors, build = the C++ compilers and linker; with --emit binary
+the weights are written while the C++ builds, so those two overlap and the
+total is less than the sum), the total, and
 the peak RSS of the compiler process (getrusage RUSAGE_CHILDREN through a
 throwaway intermediate process), best of --runs. A fastllm-opt without
 --time-phases (an older build) gets the total only. It prints figures and
