@@ -27,6 +27,7 @@ Run with Debian's python3 (python3-torch, python3-onnx). The model's forward
 must take the token ids and the targets, both int64 [batch, seq], and return
 the scalar loss.
 """
+import inspect
 import json
 import os
 import shutil
@@ -124,10 +125,15 @@ def export(model, example_inputs, path, input_names=("idx", "targets"),
 
 
 def _export(model, inputs, path, input_names, output_name, opset_version):
+    # The TorchScript exporter, which fastllm-opt is tested with: PyTorch 2.9
+    # made the torch.export-based one (dynamo=True) the default.
+    extra = {}
+    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
+        extra["dynamo"] = False
     torch.onnx.export(model, inputs, path, input_names=list(input_names),
                       output_names=[output_name], opset_version=opset_version,
                       training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False)
+                      do_constant_folding=False, **extra)
 
 
 def _dropout_modules(model):
