@@ -21,7 +21,9 @@ for those with requires_grad=False) so that the importer trains exactly those
 and keeps every buffer constant, and, when `fastllm-opt` is found, checks the
 exported model: it compiles it and compares the loss of one step at learning
 rate ~0 with the model's own loss on the same batch (dropout off on both
-sides). A mismatch raises ExportCheckError.
+sides: `nn.Dropout` modules, and rates modules keep as floats for functional
+dropout, `nn.MultiheadAttention(dropout=...)` say). A mismatch raises
+ExportCheckError.
 
 Run with Debian's python3 (python3-torch, python3-onnx). The model's forward
 must take the token ids and the targets, both int64 [batch, seq], and return
@@ -140,6 +142,16 @@ def _dropout_modules(model):
     return [m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
 
 
+def _dropout_rates(model):
+    """(module, attribute) of the dropout rates modules keep as plain floats
+    and pass to functional dropout themselves: nn.MultiheadAttention's
+    `dropout`, a `self.dropout` or `self.attn_pdrop` handed to F.dropout or
+    scaled_dot_product_attention (nanoGPT, minGPT-style code), Hugging
+    Face's `attention_dropout`."""
+    return [(m, name) for m in model.modules() for name, value in vars(m).items()
+            if "drop" in name and isinstance(value, float) and 0.0 < value <= 1.0]
+
+
 def _check(model, inputs, path, input_names, output_name, opset_version, tool,
            rtol, tmp, verbose):
     tool = _find_tool(tool)
@@ -165,9 +177,13 @@ def _check(model, inputs, path, input_names, output_name, opset_version, tool,
     # own tests check the masks). The rest of the graph is the same.
     dropouts = _dropout_modules(model)
     saved = [m.p for m in dropouts]
+    rates = _dropout_rates(model)
+    saved_rates = [getattr(m, name) for m, name in rates]
     try:
         for m in dropouts:
             m.p = 0.0
+        for m, name in rates:
+            setattr(m, name, 0.0)
         check_path = os.path.join(tmp, "check.onnx")
         _export(model, (x, y), check_path, input_names, output_name, opset_version)
         model.train()
@@ -176,6 +192,8 @@ def _check(model, inputs, path, input_names, output_name, opset_version, tool,
     finally:
         for m, p in zip(dropouts, saved):
             m.p = p
+        for (m, name), rate in zip(rates, saved_rates):
+            setattr(m, name, rate)
     tokens = os.path.join(tmp, "tokens.u32")
     with open(tokens, "wb") as f:
         f.write(struct.pack(f"<{len(stream)}I", *[int(t) for t in stream]))
