@@ -93,8 +93,13 @@ std::string fastllm::rt::logLine(const StepRecord &r, int64_t totalSteps,
   int width = int(std::to_string(totalSteps).size());
   char buf[512];
   char mfu[32] = "";
+  // One decimal from 1% up; below, two significant digits (a CPU run
+  // against a GPU's peak is 0.012%, not 0.0%).
   if (r.mfu >= 0)
-    std::snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100 * r.mfu);
+    std::snprintf(mfu, sizeof(mfu),
+                  100 * r.mfu >= 1 || r.mfu == 0 ? " | MFU %.1f%%"
+                                                 : " | MFU %.2g%%",
+                  100 * r.mfu);
   int64_t mem = r.deviceMemBytes >= 0 ? r.deviceMemBytes : r.rssPeakBytes;
   std::snprintf(buf, sizeof(buf),
                 "%s step %*lld/%lld | loss %.6f | lr %.2e | grad_norm %.4g | "

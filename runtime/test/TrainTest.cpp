@@ -1020,3 +1020,16 @@ TEST_F(TrainTest, OutputsAreNeverWrittenThroughLinksOrIntoDevices) {
 }
 
 } // namespace
+
+TEST(LogLine, ShowsSmallMfuWithoutRoundingItToZero) {
+  StepRecord r;
+  r.step = 1;
+  r.mfu = 0.3351;
+  EXPECT_NE(logLine(r, 10, 0).find("| MFU 33.5% |"), std::string::npos)
+      << logLine(r, 10, 0);
+  r.mfu = 0.000123;
+  EXPECT_NE(logLine(r, 10, 0).find("| MFU 0.012% |"), std::string::npos)
+      << logLine(r, 10, 0);
+  r.mfu = -1; // no peak known: no MFU at all
+  EXPECT_EQ(logLine(r, 10, 0).find("MFU"), std::string::npos);
+}
