@@ -29,7 +29,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-#include <tuple>
 #include <unistd.h>
 
 using namespace mlir;
@@ -79,9 +78,8 @@ public:
         ranges.push_back(std::move(m));
   }
   ~ReadOnlyFileMappings() {
-    for (Mapping &m : ranges)
-      if (m.fd >= 0)
-        ::close(m.fd);
+    if (openFd >= 0)
+      ::close(openFd);
   }
 
   /// Gives back the whole pages of `data` when it lies in one such mapping.
@@ -98,26 +96,32 @@ public:
   }
 
   /// The file and offset that hold `data` when it lies in one such mapping:
-  /// the file at the mapping's path, opened once and only if it is still
-  /// the mapped file (same device and inode); {-1, 0} otherwise.
+  /// the file at the mapping's path, if it is still the mapped file (same
+  /// device and inode); {-1, 0} otherwise. One file is open at a time (the
+  /// previous one is closed when another is asked for): a model may lie in
+  /// thousands of files, and the descriptor is only needed while the
+  /// writer writes the tensor it was asked for.
   std::pair<int, uint64_t> source(const void *data, size_t size) {
     Mapping *m = find(data, size);
     if (!m)
       return {-1, 0};
-    if (m->fd == -1) {
-      m->fd = -2; // tried
-      int fd = ::open(m->path.str().c_str(), O_RDONLY | O_CLOEXEC);
+    if (m != openMapping) {
+      if (openFd >= 0)
+        ::close(openFd);
+      openMapping = m;
+      openFd = ::open(m->path.str().c_str(), O_RDONLY | O_CLOEXEC);
       struct stat st;
-      if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-          ::major(st.st_dev) == m->major && ::minor(st.st_dev) == m->minor &&
-          uint64_t(st.st_ino) == m->inode)
-        m->fd = fd;
-      else if (fd >= 0)
-        ::close(fd);
+      if (openFd >= 0 &&
+          (::fstat(openFd, &st) != 0 || !S_ISREG(st.st_mode) ||
+           ::major(st.st_dev) != m->major || ::minor(st.st_dev) != m->minor ||
+           uint64_t(st.st_ino) != m->inode)) {
+        ::close(openFd);
+        openFd = -1;
+      }
     }
-    if (m->fd < 0)
+    if (openFd < 0)
       return {-1, 0};
-    return {m->fd,
+    return {openFd,
             m->fileOffset + (reinterpret_cast<uintptr_t>(data) - m->begin)};
   }
 
@@ -127,7 +131,6 @@ private:
     uint64_t fileOffset = 0, inode = 0;
     unsigned major = 0, minor = 0;
     StringRef perms, path;
-    int fd = -1; ///< the file, once opened; -2 when it could not be
   };
   Mapping *find(const void *data, size_t size) const {
     uintptr_t begin = reinterpret_cast<uintptr_t>(data), end = begin + size;
@@ -139,6 +142,8 @@ private:
 
   std::unique_ptr<llvm::MemoryBuffer> maps;
   std::vector<Mapping> ranges;
+  const Mapping *openMapping = nullptr; ///< whose file openFd is (see source)
+  int openFd = -1;
 };
 } // namespace
 
@@ -212,19 +217,21 @@ LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
         // rows are asked for (reading the file beats faulting the mapping
         // in page by page, several times over here), and transposed from
         // there; otherwise straight from memory.
-        auto [fd, offset] = mappings.source(data, bytes);
-        ref.read = [data, rows, cols, bytes, fd = fd, offset = offset,
+        ref.read = [data, rows, cols, bytes, &mappings,
                     &scratch](uint64_t begin, uint64_t count, float *out) {
-          const char *from = data;
-          if (fd >= 0 && begin == 0 && !readFile(fd, offset, bytes, scratch))
-            scratch.clear();
-          if (fd >= 0 && scratch.size() == bytes)
-            from = scratch.data();
+          if (begin == 0) {
+            auto [fd, offset] = mappings.source(data, bytes);
+            if (fd < 0 || !readFile(fd, offset, bytes, scratch))
+              scratch.clear();
+          }
+          const char *from = scratch.size() == bytes ? scratch.data() : data;
           readTransposed(from, rows, cols, begin, count, out);
         };
       } else {
         ref.data = data;
-        std::tie(ref.sourceFd, ref.sourceOffset) = mappings.source(data, bytes);
+        ref.source = [&mappings, data, bytes]() {
+          return mappings.source(data, bytes);
+        };
       }
       ref.written = [&mappings, data, bytes]() {
         mappings.release(data, bytes);

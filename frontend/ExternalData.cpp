@@ -39,6 +39,7 @@
 #include <fcntl.h>
 #include <mutex>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -107,6 +108,16 @@ void installBusErrorHandler() {
 }
 } // namespace
 
+/// Descriptors mappings keep open (MappedFile::fd), and how many may be.
+static std::atomic<int> keptDescriptors{0};
+static int descriptorBudget() {
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0)
+    return 64;
+  rlim_t quarter = limit.rlim_cur == RLIM_INFINITY ? 4096 : limit.rlim_cur / 4;
+  return int(std::min<rlim_t>(quarter, 4096));
+}
+
 /// The registered range that holds all of `data`, or -1.
 static int findRange(ArrayRef<char> data) {
   uintptr_t begin = reinterpret_cast<uintptr_t>(data.data());
@@ -171,8 +182,10 @@ void mlir::fastllm::releaseMappedPages(ArrayRef<char> data) {
 MappedFile::~MappedFile() {
   registerRange(base, size, /*add=*/false);
   ::munmap(base, size);
-  if (fd >= 0)
+  if (fd >= 0) {
     ::close(fd);
+    --keptDescriptors;
+  }
 }
 
 std::shared_ptr<MappedFile> mlir::fastllm::mapFileReadOnly(int fd,
@@ -183,9 +196,16 @@ std::shared_ptr<MappedFile> mlir::fastllm::mapFileReadOnly(int fd,
   if (base == MAP_FAILED)
     return nullptr;
   installBusErrorHandler();
-  // The mapping keeps a descriptor of its own (the caller closes `fd`);
-  // without one, scans read through the mapping.
-  int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  // The mapping keeps a descriptor of its own (the caller closes `fd`) for
+  // scanBytes, while fewer than a quarter of the process's descriptors are
+  // so kept: a model may lie in thousands of files (PyTorch writes one per
+  // tensor), and scans of the others read through their mappings.
+  int own = -1;
+  if (keptDescriptors.load() < descriptorBudget()) {
+    own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own >= 0)
+      ++keptDescriptors;
+  }
   registerRange(static_cast<char *>(base), size_t(size), true, own);
   auto mapped =
       std::make_shared<MappedFile>(static_cast<char *>(base), size_t(size));

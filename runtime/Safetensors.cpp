@@ -248,8 +248,10 @@ Status fastllm::rt::writeSafetensors(
     uint64_t count = *numElements(t.shape);
     if (t.data) {
       size_t bytes = count * sizeof(float), copied = 0;
-      if (t.sourceFd >= 0)
-        copied = file.copyFrom(t.sourceFd, t.sourceOffset, bytes);
+      auto [fd, offset] =
+          t.source ? t.source() : std::pair<int, uint64_t>{-1, 0};
+      if (fd >= 0)
+        copied = file.copyFrom(fd, offset, bytes);
       ok = copied != SIZE_MAX &&
            file.write(static_cast<const char *>(t.data) + copied,
                       bytes - copied);

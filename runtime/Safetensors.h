@@ -63,10 +63,12 @@ struct TensorRef {
   std::vector<int64_t> shape;
   const void *data;
   /// Where `data`'s bytes also lie in an open file, when they do as they
-  /// are: the writer has the kernel copy them from there (no page of them
-  /// is touched in this process), and writes from `data` what it cannot.
-  int sourceFd = -1;
-  uint64_t sourceOffset = 0;
+  /// are ({descriptor, offset}, or a negative descriptor): asked just
+  /// before the tensor is written, and the descriptor need only stay open
+  /// until it is. The writer has the kernel copy them from there (no page
+  /// of them is touched in this process), and writes from `data` what it
+  /// cannot.
+  std::function<std::pair<int, uint64_t>()> source = {};
   /// Writes the `count` elements that start at element `begin` to `out`.
   std::function<void(uint64_t begin, uint64_t count, float *out)> read = {};
   /// Called once the tensor's bytes are written (to let go of them).

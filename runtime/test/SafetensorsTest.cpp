@@ -191,13 +191,13 @@ TEST(Safetensors, CopiesTensorsFromTheFilesHoldingThem) {
   std::vector<float> c = {1, 2, 3};
 
   TensorRef ta{"a", {10, 100}, a.data()};
-  ta.sourceFd = fd;
-  ta.sourceOffset = 13;
+  ta.source = [&] { return std::pair<int, uint64_t>{fd, 13}; };
   TensorRef tb{"b", {600}, b.data()};
-  tb.sourceFd = fd;
-  tb.sourceOffset = 13 + a.size() * sizeof(float);
+  tb.source = [&] {
+    return std::pair<int, uint64_t>{fd, 13 + a.size() * sizeof(float)};
+  };
   TensorRef tc{"c", {3}, c.data()};
-  tc.sourceFd = pipeFds[0];
+  tc.source = [&] { return std::pair<int, uint64_t>{pipeFds[0], 0}; };
   std::string path = dir.file("t.safetensors"),
               plain = dir.file("p.safetensors");
   ASSERT_TRUE(writeSafetensors(path, {ta, tb, tc}).ok());
