@@ -24,6 +24,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace nvcuda::wmma {
 
@@ -54,6 +55,20 @@ struct Key {
   int op;
 };
 
+/// Sets every byte of `key`: the lanes of a warp compare keys byte for
+/// byte, and Key has 4 bytes of padding after `op` that an initializer
+/// leaves as whatever the lane's stack held (an adversarial schedule then
+/// reported matching wmma calls as mismatched, now and then).
+/// Filled in place: a copy need not carry the padding.
+inline void setKey(Key &key, const void *pointer, unsigned ldm, int layout,
+                   int op) {
+  std::memset(static_cast<void *>(&key), 0, sizeof(key));
+  key.pointer = pointer;
+  key.ldm = ldm;
+  key.layout = layout;
+  key.op = op;
+}
+
 /// Checks CUDA's rules for a fragment load or store and meets the warp.
 inline void collective(int op, const void *p, unsigned ldm, int layout,
                        size_t elementBytes, const char *what) {
@@ -66,13 +81,15 @@ inline void collective(int op, const void *p, unsigned ldm, int layout,
         __FILE__, __LINE__,
         "wmma::%s: leading dimension %u is not a multiple of 16 bytes", what,
         ldm);
-  Key key{p, ldm, layout, op};
+  Key key;
+  setKey(key, p, ldm, layout, op);
   ::fastllm::emu::warpOp(::fastllm::emu::WarpOpKind::Wmma, 0xffffffffu, 0, 0,
                          op, 32, &key, int(sizeof(key)), __FILE__, __LINE__);
 }
 
 inline void collective(int op) {
-  Key key{nullptr, 0, 0, op};
+  Key key;
+  setKey(key, nullptr, 0, 0, op);
   ::fastllm::emu::warpOp(::fastllm::emu::WarpOpKind::Wmma, 0xffffffffu, 0, 0,
                          op, 32, &key, int(sizeof(key)), __FILE__, __LINE__);
 }
