@@ -17,6 +17,7 @@
 
 #include "codegen/CppEmitter.h"
 #include "ir/ModelDialect.h"
+#include "runtime/OutputFile.h"
 #include "runtime/Safetensors.h"
 
 #include "mlir/IR/DialectResourceBlobManager.h"
@@ -170,22 +171,6 @@ static void readTransposed(const char *stored, int64_t rows, int64_t cols,
     }
 }
 
-/// Reads `bytes` bytes of `fd` at `offset` into `into` (resized to them);
-/// false when the file ends first or cannot be read.
-static bool readFile(int fd, uint64_t offset, size_t bytes,
-                     std::vector<char> &into) {
-  into.resize(bytes);
-  for (size_t done = 0; done < bytes;) {
-    ssize_t n = ::pread(fd, into.data() + done, bytes - done, offset + done);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return false;
-    done += size_t(n);
-  }
-  return true;
-}
-
 LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
   std::vector<::fastllm::rt::TensorRef> tensors;
   ReadOnlyFileMappings mappings;
@@ -221,7 +206,9 @@ LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
                     &scratch](uint64_t begin, uint64_t count, float *out) {
           if (begin == 0) {
             auto [fd, offset] = mappings.source(data, bytes);
-            if (fd < 0 || !readFile(fd, offset, bytes, scratch))
+            scratch.resize(bytes);
+            if (fd < 0 ||
+                !::fastllm::rt::readAt(fd, scratch.data(), bytes, offset))
               scratch.clear();
           }
           const char *from = scratch.size() == bytes ? scratch.data() : data;

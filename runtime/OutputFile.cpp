@@ -41,6 +41,21 @@ std::string fastllm::rt::folderOf(const std::string &path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+bool fastllm::rt::readAt(int fd, void *buf, uint64_t size, uint64_t offset) {
+  char *p = static_cast<char *>(buf);
+  while (size > 0) {
+    ssize_t got = ::pread(fd, p, size, offset);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got <= 0)
+      return false;
+    p += got;
+    size -= uint64_t(got);
+    offset += uint64_t(got);
+  }
+  return true;
+}
+
 void fastllm::rt::syncFolder(const std::string &folder) {
   int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) {

@@ -31,6 +31,11 @@ namespace fastllm::rt {
 /// not exist or is a regular file (not a symlink to one).
 std::string checkReplaceable(const std::string &path);
 
+/// Reads `size` bytes of `fd` at `offset` into `buf`, pread after pread
+/// (a short read is not mistaken for data); false when the file ends first
+/// or cannot be read.
+bool readAt(int fd, void *buf, uint64_t size, uint64_t offset);
+
 /// Suffix of the temporaries OutputFile creates: `<target>.tmp-XXXXXX`.
 /// Cleanup code recognises orphans (left by a killed process) by it.
 constexpr const char *kTemporarySuffix = ".tmp-";

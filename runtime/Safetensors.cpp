@@ -54,22 +54,6 @@ std::optional<uint64_t> numElements(const std::vector<int64_t> &shape) {
   return n;
 }
 
-/// pread until `size` bytes are in, so short reads are not mistaken for data.
-bool readAt(int fd, void *buf, uint64_t size, uint64_t offset) {
-  char *p = static_cast<char *>(buf);
-  while (size > 0) {
-    ssize_t got = pread(fd, p, size, offset);
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0)
-      return false;
-    p += got;
-    size -= got;
-    offset += got;
-  }
-  return true;
-}
-
 /// Checks one header entry and converts it; `dataBytes` bounds its range.
 Expected<TensorEntry> parseEntry(const std::string &name, const JsonValue &v,
                                  uint64_t dataBytes) {
