@@ -2,13 +2,14 @@
 """Times `fastllm-opt compile` per phase and reports its peak memory.
 
 Models (generated once, cached in --cache, never in the repository):
-  gpt2   GPT-2 124M written as nanoGPT writes it (test/EndToEnd/user_exports.py's
-         GPT: default init, tied head, mask buffer), exported with
+  gpt2   GPT-2 124M dimensions in test/EndToEnd/user_models.py's GPTStyleLM
+         (default init, tied head, mask buffer), exported with
          torch.onnx.export's defaults into one .onnx; batch 4, seq 1024.
-  0.94b  llama2.c's Transformer (the same file's, with llama2.c's FFN width
-         rule: 4d * 2/3 rounded up to 256), d 2048, 16 layers, 16 heads,
-         vocab 32000, tied head; PyTorch writes it with external data (one
-         file per tensor, as it does past 2 GB); batch 2, seq 1024.
+  0.94b  the same file's LlamaStyleLM (RMSNorm, rotary attention, SwiGLU
+         with the FFN width rule of Llama-family code: 4d * 2/3 rounded up
+         to 256), d 2048, 16 layers, 16 heads, vocab 32000, tied head;
+         PyTorch writes it with external data (one file per tensor, as it
+         does past 2 GB); batch 2, seq 1024.
   7b     Llama-2-7B dimensions (d 4096, 32 layers, 32 heads, FFN 11008,
          vocab 32000, untied head, fp32: 27 GB of external data), built by
          bench/llama_onnx_gen.py (only with --models 7b; needs 27 GB of disk).
@@ -61,32 +62,28 @@ def parse_args():
     return ap.parse_args()
 
 
-def load_user_exports():
-    """test/EndToEnd/user_exports.py: nanoGPT's GPT and llama2.c's Transformer."""
-    import importlib.util
+def load_user_models():
+    """test/EndToEnd/user_models.py: the test models (GPT-, Llama-style...)."""
     sys.path.insert(0, os.path.join(ROOT, "test", "EndToEnd"))
-    spec = importlib.util.spec_from_file_location(
-        "user_exports", os.path.join(ROOT, "test", "EndToEnd", "user_exports.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import user_models
+    return user_models
 
 
-def llama2c_hidden(dim, multiple_of=256):
-    """llama2.c's FFN width for `dim`."""
-    hidden = int(2 * (4 * dim) / 3)
-    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+def swiglu_width(dim, multiple=256):
+    """The SwiGLU width Llama-family models use for `dim`: two thirds of 4d,
+    rounded up to a multiple of `multiple`."""
+    hidden = (8 * dim) // 3
+    return multiple * ((hidden + multiple - 1) // multiple)
 
 
-def llama_model(ue, dim, layers, heads, vocab, seq, hidden=None):
-    """llama2.c's Transformer with llama2.c's FFN width (user_exports trims it)."""
+def llama_model(models, dim, layers, heads, vocab, seq, hidden=None):
+    """LlamaStyleLM without grouping (as many key/value heads as query heads),
+    with swiglu_width(dim) unless `hidden` says otherwise."""
     import torch
     torch.manual_seed(0)
-    model = ue.Transformer(dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=heads,
-                           vocab_size=vocab, max_seq_len=seq)
-    for layer in model.layers:
-        layer.feed_forward = ue.FeedForward(dim, hidden or llama2c_hidden(dim), 0.0)
-    return model
+    return models.LlamaStyleLM(vocab=vocab, context=seq, depth=layers, heads=heads,
+                               kv_heads=heads, width=dim,
+                               ffn_width=hidden or swiglu_width(dim))
 
 
 def export(model, batch, seq, path):
@@ -126,15 +123,15 @@ def ensure_model(args, name, layers=None):
                         "--ffn", "11008", "--vocab", "32000", "--batch", str(batch),
                         "--seq", str(seq), "--check"], check=True)
         return path, batch, seq
-    ue = load_user_exports()
+    models = load_user_models()
     import torch
     if name == "gpt2":
         torch.manual_seed(0)
-        model = ue.GPT(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+        model = models.GPTStyleLM(vocab=50257, context=1024, depth=12, heads=12, width=768)
     elif name == "0.94b":
-        model = llama_model(ue, 2048, 16, 16, 32000, seq)
+        model = llama_model(models, 2048, 16, 16, 32000, seq)
     else:
-        model = llama_model(ue, args.sweep_width, layers, max(1, args.sweep_width // 128),
+        model = llama_model(models, args.sweep_width, layers, max(1, args.sweep_width // 128),
                             32000, seq)
     model.eval()
     export(model, batch, seq, path)

@@ -1,14 +1,14 @@
 #!/usr/bin/python3
-"""Writes a llama2.c-style training graph of any size as ONNX with external data,
+"""Writes a Llama-style training graph of any size as ONNX with external data,
 without holding its weights in memory.
 
 PyTorch cannot export a 7B model on a 24 GB machine (the export holds the
 whole model, and more). This generator has PyTorch export the same
-architecture (test/EndToEnd/user_exports.py's llama2.c Transformer with
-llama2.c's FFN width, or --ffn) with ONE layer at the full width, with
+architecture (test/EndToEnd/user_models.py's LlamaStyleLM with the
+Llama-family FFN width, or --ffn) with ONE layer at the full width, with
 torch.onnx.export's defaults (eval mode, constant folding); takes that
 layer's nodes as they are and repeats them --layers times (node and value
-names renamed /layers.0/ -> /layers.i/, each layer its own weights, the
+names renamed /blocks.0/ -> /blocks.i/, each layer its own weights, the
 hidden state threaded from one layer to the next); and writes every weight's
 bytes into one external-data file, streamed from numpy (random normal,
 std 0.02, norm gains 1), so memory stays bounded by the one-layer export.
@@ -37,14 +37,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import compile_bench  # noqa: E402  (the models, shared with the benchmark)
 
+# The model's layer list (LlamaStyleLM.blocks): node names start with
+# /blocks.N/ and the layers' weight names with blocks.N.
+SCOPE = "blocks"
+
 
 def export_template(dim, layers, heads, ffn, vocab, batch, seq, folder):
     """PyTorch's export of the architecture (defaults), loaded with its data."""
     import torch
-    ue = compile_bench.load_user_exports()
-    model = compile_bench.llama_model(ue, dim, layers, heads, vocab, seq, hidden=ffn)
+    models = compile_bench.load_user_models()
+    model = compile_bench.llama_model(models, dim, layers, heads, vocab, seq, hidden=ffn)
     with torch.no_grad():
-        model.output.weight = torch.nn.Parameter(model.output.weight.clone())  # untied
+        model.head.weight = torch.nn.Parameter(model.head.weight.clone())  # untied
     model.eval()
     path = os.path.join(folder, "model.onnx")
     compile_bench.export(model, batch, seq, path)
@@ -52,9 +56,9 @@ def export_template(dim, layers, heads, ffn, vocab, batch, seq, folder):
 
 
 def layer_of(node_name):
-    """The layer index of a node named /layers.N/..., or None."""
-    if node_name.startswith("/layers."):
-        head = node_name[len("/layers."):].split("/", 1)[0]
+    """The layer index of a node named /blocks.N/..., or None."""
+    if node_name.startswith(f"/{SCOPE}."):
+        head = node_name[len(f"/{SCOPE}."):].split("/", 1)[0]
         if head.isdigit():
             return int(head)
     return None
@@ -131,7 +135,7 @@ def generate(template, layers, out_path):
             nodes.append(node)
     in_layer = [k for k, n in enumerate(nodes) if layer_of(n.name) is not None]
     if not in_layer or any(layer_of(n.name) != 0 for n in nodes[in_layer[0]:in_layer[-1] + 1]):
-        sys.exit("the template must have exactly one layer (/layers.0/...), its nodes together")
+        sys.exit(f"the template must have exactly one layer (/{SCOPE}.0/...), its nodes together")
     pre, body = nodes[:in_layer[0]], nodes[in_layer[0]:in_layer[-1] + 1]
     post = nodes[in_layer[-1] + 1:]
     produced = {o for n in body for o in n.output}
@@ -165,22 +169,22 @@ def generate(template, layers, out_path):
     for n in pre:
         out_nodes.append(n)
     for i in range(layers):
-        rename = {h_in: h_in if i == 0 else f"/layers.{i - 1}/" + h_out[len("/layers.0/"):]}
+        rename = {h_in: h_in if i == 0 else f"/{SCOPE}.{i - 1}/" + h_out[len(f"/{SCOPE}.0/"):]}
         for w in layer_weights:
-            new = (w.replace("layers.0.", f"layers.{i}.", 1) if w.startswith("layers.0.")
+            new = (w.replace(f"{SCOPE}.0.", f"{SCOPE}.{i}.", 1) if w.startswith(f"{SCOPE}.0.")
                    else f"{w}_layer{i}")
             rename[w] = new
             weight(w, new)
         for n in body:
             m = onnx.NodeProto()
             m.CopyFrom(n)
-            m.name = n.name.replace("/layers.0/", f"/layers.{i}/", 1)
+            m.name = n.name.replace(f"/{SCOPE}.0/", f"/{SCOPE}.{i}/", 1)
             for k, v in enumerate(n.input):
-                m.input[k] = rename.get(v, v.replace("/layers.0/", f"/layers.{i}/", 1))
+                m.input[k] = rename.get(v, v.replace(f"/{SCOPE}.0/", f"/{SCOPE}.{i}/", 1))
             for k, v in enumerate(n.output):
-                m.output[k] = v.replace("/layers.0/", f"/layers.{i}/", 1)
+                m.output[k] = v.replace(f"/{SCOPE}.0/", f"/{SCOPE}.{i}/", 1)
             out_nodes.append(m)
-    last = f"/layers.{layers - 1}/" + h_out[len("/layers.0/"):]
+    last = f"/{SCOPE}.{layers - 1}/" + h_out[len(f"/{SCOPE}.0/"):]
     for n in post:
         m = onnx.NodeProto()
         m.CopyFrom(n)
@@ -255,7 +259,7 @@ def main():
         model = generate(template, args.layers, os.path.abspath(args.out))
     if args.check:
         check(model, {"layers": args.layers,
-                      "ffn_small": compile_bench.llama2c_hidden(64)})
+                      "ffn_small": compile_bench.swiglu_width(64)})
     print(f"wrote {args.out}: {args.layers} layers, d {args.dim}, "
           f"{sum(os.path.getsize(os.path.join(os.path.dirname(args.out), f)) for f in os.listdir(os.path.dirname(args.out))) / 1e9:.2f} GB")
 

@@ -1,16 +1,16 @@
 #!/usr/bin/python3
-"""Planned activation memory of nanoGPT-style models with registered mask
+"""Planned activation memory of GPT-style models with registered mask
 buffers, with and without causal-attention fusion.
 
-The model is nanoGPT's GPT (4 layers, d 128, 4 heads, block 1024, vocab 512,
-no dropout, tied head) with its attention mask as third-party code writes
-it: `buffer`, nanoGPT's `register_buffer("bias", tril(ones).view(1, 1, B, B))`
-read as `masked_fill(bias[:, :, :T, :T] == 0, -inf)`; `additive`, Llama's
-`register_buffer("mask", full((B, B), -inf).triu(1))` read as
-`scores + mask[:T, :T]`. Each is exported with torch.onnx.export's defaults
-(eval, constant folding), in training mode with folding, and both with
-dynamic batch and sequence axes bound at compile; then compiled (`--emit
-mlir`) twice from the same import:
+The model is test/EndToEnd/user_models.py's GPTStyleLM (4 layers, d 128,
+4 heads, context 1024, vocab 512, dropout 0.0, tied head) with its causal
+mask in one of the two buffer forms common in model code: `buffer`, a float
+buffer of ones `tril(ones).reshape(1, 1, C, C)` read as
+`masked_fill(keep[:, :, :T, :T] == 0, -inf)`; `additive`, a buffer
+`full((C, C), -inf).triu(1)` read as `scores + mask[:T, :T]`. Each is
+exported with torch.onnx.export's defaults (eval, constant folding), in
+training mode with folding, and both with dynamic batch and sequence axes
+bound at compile; then compiled (`--emit mlir`) twice from the same import:
 
     frozen   as imported: the mask buffers frozen, fastllm-fuse reads them
              and writes model.causal_attention (no T x T tensor);
@@ -21,14 +21,13 @@ mlir`) twice from the same import:
 
 Prints, per export and for both, the layers whose attention fused and
 plan.json's activations_bytes (peak, liveness-shared). A static export
-folds nanoGPT's `bias[:, :, :T, :T] == 0` into a bool constant, which fuses
-either way.
+folds the `keep[:, :, :T, :T] == 0` comparison into a bool constant, which
+fuses either way.
 
     /usr/bin/python3 bench/mask_fusion_memory.py [--batch 8] [--seq 256]
 """
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -37,69 +36,19 @@ import tempfile
 import warnings
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-VOCAB, BLOCK, LAYERS, HEADS, EMBD = 512, 1024, 4, 4, 128
+sys.path.insert(0, os.path.join(ROOT, "test", "EndToEnd"))
+import user_models  # noqa: E402  (the test models, shared with user_exports.py)
+
+VOCAB, CONTEXT, LAYERS, HEADS, WIDTH = 512, 1024, 4, 4, 128
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, additive):
-        super().__init__()
-        self.c_attn = nn.Linear(EMBD, 3 * EMBD)
-        self.c_proj = nn.Linear(EMBD, EMBD)
-        self.additive = additive
-        if additive:
-            self.register_buffer("mask", torch.full((BLOCK, BLOCK), float("-inf")).triu(1))
-        else:
-            self.register_buffer("bias", torch.tril(torch.ones(BLOCK, BLOCK))
-                                 .view(1, 1, BLOCK, BLOCK))
-
-    def forward(self, x):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(EMBD, dim=2)
-        k = k.view(B, T, HEADS, C // HEADS).transpose(1, 2)
-        q = q.view(B, T, HEADS, C // HEADS).transpose(1, 2)
-        v = v.view(B, T, HEADS, C // HEADS).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        if self.additive:
-            att = att + self.mask[:T, :T]
-        else:
-            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-        y = F.softmax(att, dim=-1) @ v
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-
-
-class Block(nn.Module):
-    def __init__(self, additive):
-        super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(EMBD), nn.LayerNorm(EMBD)
-        self.attn = CausalSelfAttention(additive)
-        self.c_fc, self.c_proj = nn.Linear(EMBD, 4 * EMBD), nn.Linear(4 * EMBD, EMBD)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
-
-
-class GPT(nn.Module):
-    def __init__(self, additive):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(VOCAB, EMBD), nn.Embedding(BLOCK, EMBD)
-        self.h = nn.ModuleList([Block(additive) for _ in range(LAYERS)])
-        self.ln_f = nn.LayerNorm(EMBD)
-        self.lm_head = nn.Linear(EMBD, VOCAB, bias=False)
-        self.wte.weight = self.lm_head.weight
-
-    def forward(self, idx, targets):
-        pos = torch.arange(0, idx.size(1), dtype=torch.long)
-        x = self.wte(idx) + self.wpe(pos)
-        for block in self.h:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+def make_model(additive):
+    return user_models.GPTStyleLM(vocab=VOCAB, context=CONTEXT, depth=LAYERS, heads=HEADS,
+                                  width=WIDTH, p_drop=0.0,
+                                  mask="additive" if additive else "keep")
 
 
 def export(path, additive, training, dynamic, batch, seq):
@@ -113,7 +62,7 @@ def export(path, additive, training, dynamic, batch, seq):
         kwargs["dynamic_axes"] = {"idx": axes, "targets": axes}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(GPT(additive), (x, x), path, input_names=["idx", "targets"],
+        torch.onnx.export(make_model(additive), (x, x), path, input_names=["idx", "targets"],
                           output_names=["loss"], **kwargs)
 
 
@@ -133,7 +82,7 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="mask-fusion-memory-")
-    print(f"nanoGPT-style: {LAYERS} layers, d {EMBD}, {HEADS} heads, block {BLOCK}, "
+    print(f"GPT-style: {LAYERS} layers, d {WIDTH}, {HEADS} heads, context {CONTEXT}, "
           f"batch {args.batch}, seq {args.seq}; activations (peak, MiB)")
     print(f"{'mask':9} {'export':14} {'layers fused':>14} {'activations':>22}")
     print(f"{'':9} {'':14} {'frozen':>7}{'train':>7} {'frozen':>11}{'train':>11}")
