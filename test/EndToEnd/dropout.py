@@ -5,10 +5,11 @@
 draws the same masks whatever the data parallelism, micro-batching or ZeRO
 stage.
 
-The model is a nanoGPT-style GPT with `nn.Dropout(0.1)` after the embeddings,
-on the attention probabilities and on each block's MLP output, exported with
-`torch.onnx.export(..., training=TrainingMode.TRAINING)` (five ONNX Dropout
-nodes with ratio 0.1 and training_mode true). Masks are Philox4x32-10 words
+The model is a small GPT-style network with `nn.Dropout(0.1)` after the
+embeddings, on the attention probabilities and on each layer's feed-forward
+output, exported with `torch.onnx.export(...,
+training=TrainingMode.TRAINING)` (five ONNX Dropout nodes with ratio 0.1 and
+training_mode true). Masks are Philox4x32-10 words
 (runtime/Philox.h), computed here again in NumPy from the documented key:
 
     key     = (seed mod 2^32, seed >> 32)
@@ -117,55 +118,53 @@ def keep_mask(shape, p, seed, step, first_sample, site, batch=None):
 # The model
 # --------------------------------------------------------------------------
 
-class Block(nn.Module):
+class Layer(nn.Module):
+    """Pre-norm layer: attention whose probabilities pass an nn.Dropout, then a
+    GELU feed-forward whose output passes another. The causal mask is made in
+    forward from the sequence length (no buffer)."""
+
     def __init__(self):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(DIM)
-        self.c_attn = nn.Linear(DIM, 3 * DIM)
-        self.c_proj = nn.Linear(DIM, DIM)
-        self.attn_dropout = nn.Dropout(P)
-        self.ln_2 = nn.LayerNorm(DIM)
-        self.fc = nn.Linear(DIM, 4 * DIM)
-        self.proj = nn.Linear(4 * DIM, DIM)
-        self.dropout = nn.Dropout(P)
+        self.norm_a, self.norm_f = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.qkv, self.mix = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
+        self.prob_drop = nn.Dropout(P)
+        self.grow, self.shrink = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
+        self.ff_drop = nn.Dropout(P)
 
     def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(DIM, dim=2)
-        q = q.view(B, T, HEADS, C // HEADS).transpose(1, 2)
-        k = k.view(B, T, HEADS, C // HEADS).transpose(1, 2)
-        v = v.view(B, T, HEADS, C // HEADS).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // HEADS))
-        mask = torch.tril(torch.ones(T, T, device=x.device)).view(1, 1, T, T)
-        att = att.masked_fill(mask == 0, float("-inf"))
-        att = self.attn_dropout(F.softmax(att, dim=-1))
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-        x = x + self.c_proj(y)
-        return x + self.dropout(self.proj(F.gelu(self.fc(self.ln_2(x)))))
+        n, t, width = x.shape
+        d = width // HEADS
+        q, k, v = (part.view(n, t, HEADS, d).transpose(1, 2)
+                   for part in self.qkv(self.norm_a(x)).chunk(3, dim=-1))
+        causal = torch.tril(torch.ones(t, t, device=x.device)).view(1, 1, t, t)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d)
+        probs = self.prob_drop(F.softmax(scores.masked_fill(causal == 0, float("-inf")), -1))
+        x = x + self.mix(torch.matmul(probs, v).transpose(1, 2).reshape(n, t, width))
+        return x + self.ff_drop(self.shrink(F.gelu(self.grow(self.norm_f(x)))))
 
 
-class GPT(nn.Module):
+class Model(nn.Module):
+    """Token plus learned position embeddings (an nn.Dropout on their sum),
+    LAYERS layers, a final LayerNorm and an untied head."""
+
     def __init__(self):
         super().__init__()
-        self.wte = nn.Embedding(VOCAB, DIM)
-        self.wpe = nn.Embedding(SEQ, DIM)
-        self.drop = nn.Dropout(P)
-        self.h = nn.ModuleList([Block() for _ in range(LAYERS)])
-        self.ln_f = nn.LayerNorm(DIM)
-        self.lm_head = nn.Linear(DIM, VOCAB, bias=False)
+        self.tok, self.pos = nn.Embedding(VOCAB, DIM), nn.Embedding(SEQ, DIM)
+        self.in_drop = nn.Dropout(P)
+        self.layers = nn.ModuleList(Layer() for _ in range(LAYERS))
+        self.norm = nn.LayerNorm(DIM)
+        self.out = nn.Linear(DIM, VOCAB, bias=False)
 
     def forward(self, idx, targets):
-        pos = torch.arange(0, idx.shape[1], dtype=torch.long, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
-        for block in self.h:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+        x = self.in_drop(self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device)))
+        for layer in self.layers:
+            x = layer(x)
+        return F.cross_entropy(self.out(self.norm(x)).view(-1, VOCAB), targets.view(-1))
 
 
 def make_model():
     torch.manual_seed(1234)
-    return GPT()
+    return Model()
 
 
 def dropout_call_order(model):
