@@ -3,10 +3,10 @@
 What `train --sampler sequential` reads, the AdamW it runs, and the weights
 files it writes, as PyTorch/NumPy code the tests compare against.
 """
-import json
-
 import numpy as np
 import torch
+
+from safetensors_file import read_safetensors  # noqa: F401  (the tests read it from here)
 
 
 def sequential_batches(data, steps, batch, seq):
@@ -46,21 +46,3 @@ def train(model, params, batches, hp, before_step=None):
         opt.step()
         losses.append(float(loss))
     return losses
-
-
-def read_safetensors(path):
-    """{name: array} of a safetensors file (the metadata entry skipped)."""
-    raw = open(path, "rb").read()
-    hlen = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + hlen])
-    base = 8 + hlen
-    dtypes = {"F32": np.float32, "F64": np.float64, "F16": np.float16,
-              "I64": np.int64, "I32": np.int32}
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = info["data_offsets"]
-        out[name] = np.frombuffer(raw[base + b:base + e],
-                                  dtype=dtypes[info["dtype"]]).reshape(info["shape"])
-    return out
