@@ -3,10 +3,32 @@
 What `train --sampler sequential` reads, the AdamW it runs, and the weights
 files it writes, as PyTorch/NumPy code the tests compare against.
 """
+import math
+
 import numpy as np
 import torch
 
 from safetensors_file import read_safetensors  # noqa: F401  (the tests read it from here)
+
+
+def loss_diff(ours, ref):
+    """(worst, step) of two loss sequences: the largest relative difference
+    |ours - ref| / |ref| and the 0-based step where it is. Infinite (so no
+    bound passes it) when the sequences differ in length, are empty, or either
+    holds a NaN or an infinity: a non-finite loss is never close to anything,
+    and Python's max() would let a NaN through (NaN > x is false)."""
+    ours, ref = list(ours), list(ref)
+    if len(ours) != len(ref) or not ours:
+        return float("inf"), min(len(ours), len(ref))
+    worst, at = 0.0, 0
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        a, b = float(a), float(b)
+        if not (math.isfinite(a) and math.isfinite(b)):
+            return float("inf"), i
+        rel = abs(a - b) / abs(b) if b != 0 else (0.0 if a == 0 else float("inf"))
+        if rel > worst:
+            worst, at = rel, i
+    return worst, at
 
 
 def sequential_batches(data, steps, batch, seq):
