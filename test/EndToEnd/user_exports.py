@@ -25,9 +25,9 @@ habits of common model code rather than being shaped for the tool:
     tensor; tanh GELU written out; view/permute heads; position ids
     `arange(T).unsqueeze(0)`; the head tied to the token embedding; an
     nn.CrossEntropyLoss module.
-  - sdpa (SdpaStyleLM, only with --models): F.scaled_dot_product_attention
-    with is_causal=True. It needs PyTorch 2.0 or later; with an older one
-    its cases are reported as SKIP.
+  - sdpa (SdpaStyleLM): F.scaled_dot_product_attention with
+    is_causal=True, no mask buffer, untied head. It needs PyTorch 2.0 or
+    later; with an older one (Debian 12's 1.13) it is one SKIP.
 Each is exported three ways:
   - helper: tools/fastllm_export.py (training mode, no folding, the parameter
     list in the file's metadata; the helper's own loss check runs too);
@@ -53,7 +53,7 @@ PyTorch model trained on the same samples with torch.optim.AdamW (decay on
     is no farther from the float64 run than 3x PyTorch fp32 is, and is
     reported as noise-driven. Buffers saved must be unchanged.
 Prints PASS/FAIL/SKIP per case and `user export tests: P passed, F failed, S skipped`.
-Options: --models gpt,llama,hf-gpt2[,sdpa]  --modes helper,default,training  --dp 1,2
+Options: --models gpt,llama,hf-gpt2,sdpa  --modes helper,default,training  --dp 1,2
 """
 import argparse
 import json
@@ -91,8 +91,7 @@ MODELS = {
     "hf-gpt2": lambda: user_models.Gpt2StyleLM(**SIZE, p_drop=0.0),
     "sdpa": lambda: user_models.SdpaStyleLM(**SIZE),
 }
-# sdpa is left out by default: it needs PyTorch 2.0 or later.
-DEFAULT_MODELS = "gpt,llama,hf-gpt2"
+DEFAULT_MODELS = ",".join(MODELS)
 
 
 def make_model(kind):
