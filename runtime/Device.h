@@ -45,7 +45,8 @@ Status initDevice(int localRank);
 using ArenaPtr = std::unique_ptr<char, void (*)(char *)>;
 struct Arena {
   ArenaPtr data;
-  /// What the allocation measurably took: its size in host memory (CPU),
+  /// What the allocation measurably took: the bytes the C library's
+  /// allocator handed out for it, header and page rounding included (CPU),
   /// the drop in the GPU's free memory once it is resident (CUDA).
   int64_t measuredBytes;
 };

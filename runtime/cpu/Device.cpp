@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <malloc.h>
 
 using namespace fastllm::rt;
 
@@ -28,14 +29,26 @@ Status fastllm::rt::initDevice(int) {
   return Status();
 }
 
+/// Bytes the C library's allocator has handed out: its heap's chunks in use
+/// and the chunks it mapped on its own (large ones).
+static int64_t allocatorBytesInUse() {
+  struct mallinfo2 info = mallinfo2();
+  return int64_t(info.uordblks + info.hblkhd);
+}
+
 Expected<Arena> fastllm::rt::allocateArena(int64_t bytes) {
   size_t size = (size_t(bytes) + 63) / 64 * 64;
+  // What the allocation really took, measured by the allocator itself (with
+  // its header and page rounding), so that the plan's figure is compared
+  // with memory the process holds, not with itself.
+  int64_t before = allocatorBytesInUse();
   char *data = static_cast<char *>(std::aligned_alloc(64, size));
   if (!data)
     return errorf("cannot allocate the model's %lld-byte arena",
                   (long long)bytes);
+  int64_t took = allocatorBytesInUse() - before;
   std::memset(data, 0, size);
-  return Arena{ArenaPtr(data, [](char *p) { std::free(p); }), int64_t(size)};
+  return Arena{ArenaPtr(data, [](char *p) { std::free(p); }), took};
 }
 
 void fastllm::rt::synchronizeDevice() {}
