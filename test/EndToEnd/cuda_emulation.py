@@ -12,7 +12,7 @@ For the GPT-2- and Llama-style exports (constant folding on), batch 4 x seq
     and of PyTorch's (a NaN or infinite loss never agrees);
   - bf16 (`--precision bf16`), 30 steps: within 1e-3 of PyTorch's CPU bf16
     autocast, and at least a quarter of PyTorch's own bf16-vs-fp32 gap away
-    from PyTorch's fp32 run (bf16_verdict): a run that silently computed in
+    from PyTorch's fp32 run (torch_reference.bf16_verdict): a run that silently computed in
     fp32 fails, which a case checks by judging the fp32 run as a bf16 one;
   - dp 2 with ZeRO-1, 2 and 3 under mpirun (NCCL emulated over MPI), 10
     steps: within 1e-5 of the emulated dp 1 run; ZeRO-3 runs with each
@@ -83,21 +83,8 @@ def max_rel(a, b):
 # PyTorch's CPU bf16 autocast 2.8e-4 (llama), where PyTorch's own bf16 and
 # fp32 runs differ by 1.3e-4 to 1.5e-4 and an fp32 run of ours is 1.5e-4 from
 # PyTorch bf16: a bf16 bound alone cannot tell the two precisions apart,
-# hence bf16_verdict's second condition.
+# hence torch_reference.bf16_verdict's second condition.
 FP32_RTOL = 1e-5
-
-
-def bf16_verdict(ours, ref16, ref32):
-    """(ok, detail) of a bf16 run's losses OURS against PyTorch's bf16
-    autocast REF16 and fp32 REF32 on the same samples: within BF16_RTOL of
-    REF16, and NOT as close to REF32 as an fp32 run is: at least a quarter of
-    the bf16-vs-fp32 gap PyTorch itself shows away from it, which a run that
-    silently computed in fp32 (~1e-7 from REF32) fails."""
-    rel16, rel32, gap = max_rel(ours, ref16), max_rel(ours, ref32), max_rel(ref16, ref32)
-    ok = rel16 <= BF16_RTOL and rel32 >= gap / 4
-    return ok, (f"max rel loss diff vs PyTorch bf16 {rel16:.1e} (bound {BF16_RTOL:g}), "
-                f"vs PyTorch fp32 {rel32:.1e} (must be >= {gap / 4:.1e}, a quarter of "
-                f"PyTorch's own bf16-vs-fp32 gap {gap:.1e})")
 
 
 BF16_RTOL = 1e-3
@@ -239,12 +226,12 @@ def main():
             report(False, name, out16)
         else:
             ref16 = torch_losses(cfg, data, STEPS, bf16=True)
-            ok16, detail16 = bf16_verdict(ours16, ref16, ref_torch)
+            ok16, detail16 = torch_reference.bf16_verdict(ours16, ref16, ref_torch, BF16_RTOL)
             report(ok16, name, detail16)
             # The bound must see a run that silently stayed in fp32: the fp32
             # run above, judged as a bf16 one, fails it.
             if ours is not None:
-                caught, detail32 = bf16_verdict(ours, ref16, ref_torch)
+                caught, detail32 = torch_reference.bf16_verdict(ours, ref16, ref_torch, BF16_RTOL)
                 report(not caught, f"{model} the bf16 check fails the fp32 run", detail32)
 
         # Data parallelism over the emulated NCCL, against one emulated rank.

@@ -31,6 +31,21 @@ def loss_diff(ours, ref):
     return worst, at
 
 
+def bf16_verdict(ours, ref16, ref32, rtol):
+    """(ok, detail) of a bf16 run's losses OURS against a bf16 reference
+    REF16 (PyTorch's autocast) and an fp32 one REF32 on the same samples:
+    within RTOL of REF16, and NOT as close to REF32 as an fp32 run would be:
+    at least a quarter of the REF16-vs-REF32 gap away from it. A run that
+    silently computed in fp32 passes the first test (bf16 and fp32 runs are
+    close) but fails the second."""
+    rel16, rel32, gap = loss_diff(ours, ref16)[0], loss_diff(ours, ref32)[0], \
+        loss_diff(ref16, ref32)[0]
+    ok = rel16 <= rtol and rel32 >= gap / 4 and math.isfinite(gap)
+    return ok, (f"max rel loss diff vs the bf16 reference {rel16:.1e} (bound {rtol:g}), "
+                f"vs the fp32 reference {rel32:.1e} (must be >= {gap / 4:.1e}, a quarter "
+                f"of the references' own bf16-vs-fp32 gap {gap:.1e})")
+
+
 def sequential_batches(data, steps, batch, seq):
     """The (tokens, targets) of each step of `--sampler sequential` with a
     global batch of `batch` samples: sample i of step s starts at token
