@@ -44,12 +44,12 @@ PyTorch model trained on the same samples with torch.optim.AdamW (decay on
   - every step's loss within 1e-5 relative of PyTorch's;
   - the weights written by --save-weights cover every parameter of the
     model: by name, through a tie, or (a weight whose name constant folding
-    removed) by its initial value; each within 1e-4 relative L2 of
+    removed) by its initial value; each within 1e-5 relative L2 of
     PyTorch's final value. Part of a tensor may have a true gradient of
     zero (the key third of a fused qkv bias: adding a constant to every
     score of a query leaves its softmax unchanged), and AdamW then moves it
     by normalised rounding noise, in PyTorch as here. Such a tensor (PyTorch
-    fp32 itself more than 1e-4 from a float64 PyTorch run) passes when it
+    fp32 itself more than 1e-5 from a float64 PyTorch run) passes when it
     is no farther from the float64 run than 3x PyTorch fp32 is, and is
     reported as noise-driven. Buffers saved must be unchanged.
 Prints PASS/FAIL/SKIP per case and `user export tests: P passed, F failed, S skipped`.
@@ -79,6 +79,10 @@ import user_models  # noqa: E402  (beside this file)
 VOCAB, DIM, SEQ, BATCH, MICRO = 96, 32, 16, 4, 2
 LAYERS, HEADS, KV_HEADS = 2, 4, 2
 STEPS = 30
+# Bounds, from the worst measured (2026-11-27, dp 1 and 2, every export):
+# losses 1.5e-7 relative; final weights 2.9e-6 relative L2 (hf-gpt2).
+LOSS_RTOL = 1e-5
+WEIGHT_RTOL = 1e-5
 HP = {"lr": 3e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader"]
 
@@ -190,12 +194,12 @@ def check_weights(kind, start_path, saved_path, ref32, ref64):
                 bad.append(f"{name}: buffer changed")
             continue
         diff = rel_l2(ours, t32)
-        if diff <= 1e-4:
+        if diff <= WEIGHT_RTOL:
             if diff > worst:
                 worst, worst_name = diff, name
             continue
         floor = rel_l2(t32.astype(np.float32), t64)
-        if floor > 1e-4 and rel_l2(ours, t64) <= 3 * floor:
+        if floor > WEIGHT_RTOL and rel_l2(ours, t64) <= 3 * floor:
             noise.append(f"{name} {diff:.1e} (PyTorch fp32 vs fp64 {floor:.1e})")
         else:
             bad.append(f"{name}: {diff:.2e} (PyTorch fp32 vs fp64 {floor:.1e})")
@@ -228,16 +232,17 @@ def run_case(work, kind, mode, dp, zero, onnx_path, data_path, reference, ref32,
     if r.returncode != 0:
         return [(False, f"{label}: train", r.stderr[-2000:])], None
     ours = [json.loads(line)["loss"] for line in open(metrics)]
-    rel = [abs(a - b) / abs(b) for a, b in zip(ours, reference)]
-    at = max(range(len(rel)), key=lambda i: rel[i])
-    loss_ok = len(ours) == STEPS and rel[at] <= 1e-5
-    results = [(loss_ok, f"{label}: losses within 1e-5 over {STEPS} steps",
-                f"max rel diff {rel[at]:.2e} at step {at + 1} (ours {ours[at]:.7f}, "
+    worst_loss, at = torch_reference.loss_diff(ours, reference)
+    loss_ok = len(ours) == STEPS and worst_loss <= LOSS_RTOL
+    at = min(at, len(ours) - 1, len(reference) - 1)
+    results = [(loss_ok, f"{label}: losses within {LOSS_RTOL:g} over {STEPS} steps",
+                f"max rel diff {worst_loss:.2e} at step {at + 1} (ours {ours[at]:.7f}, "
                 f"torch {reference[at]:.7f})")]
     ok, detail, worst = check_weights(kind, os.path.join(out, "weights.safetensors"), saved,
                                       ref32, ref64)
-    results.append((ok, f"{label}: final weights within 1e-4 relative L2 per tensor", detail))
-    return results, (rel[at], worst)
+    results.append((ok, f"{label}: final weights within {WEIGHT_RTOL:g} relative L2 per tensor",
+                    detail))
+    return results, (worst_loss, worst)
 
 
 def main():
