@@ -13,7 +13,7 @@ packages=(
   libgtest-dev libomp-19-dev libboost-context-dev
   python3-torch python3-onnx python3-numpy libonnx-testdata
   libcli11-dev nlohmann-json3-dev libsentencepiece-dev sentencepiece python3-matplotlib
-  pkgconf
+  pkgconf qemu-user
 )
 
 missing=()

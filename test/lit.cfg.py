@@ -1,5 +1,6 @@
 # -*- Python -*-
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,10 @@ config.substitutions.append(
 #   sentencepiece-tools  spm_train, spm_encode and spm_export_vocab (Debian's
 #                   sentencepiece) are on the tests' PATH
 #   matplotlib      config.python3 imports matplotlib (fastllm-plot needs it)
+#   qemu-x86_64     an x86-64 host with qemu-user's qemu-x86_64 on the tests'
+#                   PATH (runs a `train` on an emulated older CPU)
+#   x86-64-v3, avx512f  this CPU has AVX2, FMA and BMI2 (what the portable
+#                   CPU build targets on such a host) / AVX-512F
 def run_ok(argv, timeout):
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
@@ -98,6 +103,19 @@ probes["sentencepiece-tools"] = all(
     shutil.which(tool, path=config.environment["PATH"])
     for tool in ("spm_train", "spm_encode", "spm_export_vocab"))
 probes["onnx-testdata"] = os.path.isdir("/usr/share/libonnx-testdata/data/node")
+probes["qemu-x86_64"] = platform.machine() == "x86_64" and shutil.which(
+    "qemu-x86_64", path=config.environment["PATH"]) is not None
+cpu_flags = set()
+try:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                cpu_flags = set(line.split(":", 1)[1].split())
+                break
+except OSError:
+    pass
+probes["x86-64-v3"] = {"avx2", "fma", "bmi2"} <= cpu_flags
+probes["avx512f"] = "avx512f" in cpu_flags
 for feature, found in probes.items():
     if found:
         config.available_features.add(feature)
