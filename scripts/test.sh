@@ -7,7 +7,9 @@
 # first. A harness is one lit test and its cases are micro-results of it
 # (test/lit_harness.py); here each case counts as one test. The last line is
 # `N passed, N failed, N skipped`; the exit status is non-zero on any
-# failure. Logs: build/test-logs/ (lit.log, lit.json, ctest.log, fuzz.log);
+# failure. Before it, every skipped test is listed under the reason it gave
+# (scripts/skipped_by_reason.py).
+# Logs: build/test-logs/ (lit.log, lit.json, ctest.log, ctest.xml, fuzz.log);
 # a harness's whole output: build/test/<Folder>/Output/<harness>.py.log.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,6 +23,7 @@ passed=0 failed=0 skipped=0
 add() { passed=$((passed + $1)); failed=$((failed + $2)); skipped=$((skipped + ${3:-0})); }
 logdir="$build/test-logs"
 mkdir -p "$logdir"
+rm -f "$logdir/fuzz.skipped"
 
 echo "== lit (the harnesses one at a time, their cases as micro-results)"
 rm -f "$logdir/lit.json"
@@ -76,7 +79,9 @@ else
 fi
 
 echo "== unit tests (ctest)"
-(cd "$build" && ctest --output-on-failure) 2>&1 | tee "$logdir/ctest.log"
+rm -f "$logdir/ctest.xml"
+(cd "$build" && ctest --output-on-failure --output-junit "$logdir/ctest.xml") 2>&1 |
+  tee "$logdir/ctest.log"
 line=$(grep -E "tests passed, [0-9]+ tests failed out of" "$logdir/ctest.log" | tail -1)
 if [[ -n "$line" ]]; then
   total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$line")
@@ -109,7 +114,12 @@ if [[ -x "$build/bin/fastllm-import-fuzzer" ]]; then
   rm -rf "$corpus"
 else
   echo "SKIP fuzz: no fastllm-import-fuzzer (needs clang's libFuzzer)"; add 0 0 1
+  echo "fuzz: no fastllm-import-fuzzer (needs clang's libFuzzer)" >"$logdir/fuzz.skipped"
 fi
+
+echo
+"$py" "$root/scripts/skipped_by_reason.py" "$logdir/lit.json" "$logdir/ctest.xml" \
+  "$logdir/fuzz.skipped"
 
 echo
 echo "${passed} passed, ${failed} failed, ${skipped} skipped"

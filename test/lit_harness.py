@@ -12,7 +12,11 @@ report (`-o`) lists them, and scripts/test.sh counts the cases from it. The
 test fails when a case fails, and also, with a FAIL micro-result saying why,
 when the harness ends without its closing line (it crashed), exits non-zero
 with no failed case, or prints case lines that do not add up to its closing
-line. A missing feature makes the test UNSUPPORTED before anything runs.
+line. A missing feature makes the test UNSUPPORTED before anything runs;
+a harness that takes `--list-cases` (printing `CASE name` lines and running
+nothing) then has each of its cases reported UNSUPPORTED by name, with the
+missing features as the reason, so that the count of cases does not depend
+on the machine.
 
 The harness's whole output (stdout and stderr) goes to
 Output/NAME.log under the folder's exec dir (build/test/EndToEnd/...),
@@ -46,6 +50,8 @@ class HarnessTest(lit.formats.FileBasedTest):
         # unavailable feature returns UNSUPPORTED here.
         script = lit.TestRunner.parseIntegratedTestScript(test)
         if isinstance(script, lit.Test.Result):
+            if script.code == lit.Test.UNSUPPORTED:
+                self._list_skipped_cases(test, script)
             return script
         if len(script) != 1:
             return lit.Test.Result(
@@ -71,6 +77,33 @@ class HarnessTest(lit.formats.FileBasedTest):
         with open(log_path, encoding="utf-8", errors="replace") as f:
             output = f.read()
         return self._result(command, log_path, output, exit_code, timed_out, elapsed)
+
+    @staticmethod
+    def _list_skipped_cases(test, result):
+        """Adds a SKIP micro-result per case of an unsupported harness that
+        can list them (`--list-cases`), the missing features as the reason."""
+        with open(test.getSourcePath(), encoding="utf-8") as f:
+            run = re.search(r"^#\s*RUN:\s*(.*)$", f.read(), re.M)
+        if not run:
+            return
+        tmp_dir, tmp_base = lit.TestRunner.getTempPaths(test)
+        substitutions = lit.TestRunner.getDefaultSubstitutions(test, tmp_dir, tmp_base)
+        try:
+            command = lit.TestRunner.applySubstitutions(
+                [run.group(1).strip()], substitutions,
+                recursion_limit=test.config.recursiveExpansionLimit)[0]
+            listed = subprocess.run(["/bin/bash", "-c", command + " --list-cases"],
+                                    env=test.config.environment, capture_output=True,
+                                    text=True, timeout=300)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return
+        if listed.returncode != 0:
+            return
+        why = " ".join((result.output or "unsupported").split())
+        for line in listed.stdout.splitlines():
+            if line.startswith("CASE "):
+                name = f"SKIP {line[5:].strip()}: {why}"
+                result.addMicroResult(name, lit.Test.Result(lit.Test.UNSUPPORTED))
 
     @staticmethod
     def _run(command, cwd, env, log_path, timeout):

@@ -163,12 +163,23 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tool", default=os.path.join(ROOT, "build", "bin", "fastllm-opt"))
     ap.add_argument("--rtol", type=float, default=FP32_RTOL)
+    ap.add_argument("--list-cases", action="store_true",
+                    help="print the cases' names ('CASE name') and run nothing (a GPU "
+                         "machine runs the GPU cases, others check the binary without one)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--prepare", metavar="DIR",
                       help="build and record the CPU losses into DIR (no GPU needed)")
     mode.add_argument("--from", dest="prepared", metavar="DIR",
                       help="run the GPU cases on what --prepare left in DIR")
     args = ap.parse_args()
+    if args.list_cases:
+        for model in ("gpt2", "llama"):
+            for name in (f"{model} --target cuda builds with nvcc",
+                         f"{model} --target cuda --precision bf16 builds",
+                         f"{model} CUDA fp32 vs CPU, {STEPS} steps",
+                         f"{model} CUDA bf16 vs PyTorch autocast, 100 steps"):
+                print(f"CASE {name}")
+        return
     work = args.prepare or tempfile.mkdtemp(prefix="cuda-test-")
     os.makedirs(work, exist_ok=True)
     present, reason = gpu_present()

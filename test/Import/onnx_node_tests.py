@@ -1161,7 +1161,9 @@ def main(argv=None):
                 vstatus, vdetail = values[t.name]
                 if status == "PASS" or vstatus == "FAIL":
                     return t, vstatus, ("types and " if vstatus == "PASS" else "") + vdetail, notes
-                return t, status, f"{detail}; {vdetail}", notes  # a SKIP stays one
+                # A SKIP stays one, its reason as it was; the values checked
+                # go to the notes (-v).
+                return t, status, detail, notes + [f"the other outputs' {vdetail}"]
             results = [merged(*r) for r in results]
         results = apply_skip_list(results, skips, minimum, args.skips)
         counts = report(results, "single-node tests", args.verbose)
