@@ -116,12 +116,36 @@ except OSError:
     pass
 probes["x86-64-v3"] = {"avx2", "fma", "bmi2"} <= cpu_flags
 probes["avx512f"] = "avx512f" in cpu_flags
+# Why each feature is missing where it is (the note below, and the reason
+# test/lit_harness.py gives the cases it reports skipped).
+why_missing = {
+    "torch": f"{config.python3} cannot import torch (Debian: python3-torch)",
+    "onnx": f"{config.python3} cannot import onnx (Debian: python3-onnx)",
+    "matplotlib": f"{config.python3} cannot import matplotlib (Debian: python3-matplotlib)",
+    "mpirun": "no mpirun on the tests' PATH (Debian: openmpi-bin)",
+    "nvcc": (f"nvcc '{nvcc}' does not run" if nvcc else
+             "no nvcc: the build found none and FASTLLM_NVCC is unset (CUDA toolkit; "
+             "README.md, Tests)"),
+    "cuda-emulation": "the CUDA emulation's libraries were not built (no CUDA toolkit "
+                      "when the build was configured; README.md, Tests)",
+    "gpu": ("no nvidia-smi" if gpus is None else
+            "nvidia-smi -L lists no GPU: " + " ".join((gpus.stderr or gpus.stdout).split())[:200]),
+    "sentencepiece-tools": "spm_train/spm_encode/spm_export_vocab not on PATH "
+                           "(Debian: sentencepiece)",
+    "onnx-testdata": "no /usr/share/libonnx-testdata/data/node (Debian: libonnx-testdata)",
+    "qemu-x86_64": "not an x86-64 host with qemu-x86_64 on PATH (Debian: qemu-user)",
+    "x86-64-v3": "this CPU lacks AVX2, FMA or BMI2",
+    "avx512f": "this CPU lacks AVX-512F",
+}
+config.fastllm_missing = {}
 for feature, found in probes.items():
     if found:
         config.available_features.add(feature)
+    else:
+        config.fastllm_missing[feature] = why_missing.get(feature, "not found")
 lit_config.note("features: %s; not found: %s" % (
     " ".join(f for f, found in probes.items() if found) or "none",
-    " ".join(f for f, found in probes.items() if not found) or "none"))
+    "; ".join(f"{f} ({why})" for f, why in config.fastllm_missing.items()) or "none"))
 
 # The harnesses run one at a time: several time ranks out under mpirun
 # --oversubscribe, and each keeps the machine's cores busy on its own.

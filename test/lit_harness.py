@@ -100,6 +100,12 @@ class HarnessTest(lit.formats.FileBasedTest):
         if listed.returncode != 0:
             return
         why = " ".join((result.output or "unsupported").split())
+        # The missing features' reasons, as test/lit.cfg.py found them.
+        missing = getattr(test.config, "fastllm_missing", {})
+        named = [f"{f}: {w}" for f, w in missing.items()
+                 if re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", why)]
+        if named:
+            why += " (" + "; ".join(named) + ")"
         for line in listed.stdout.splitlines():
             if line.startswith("CASE "):
                 name = f"SKIP {line[5:].strip()}: {why}"
