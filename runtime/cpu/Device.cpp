@@ -20,13 +20,23 @@ int64_t fastllm::rt::deviceMemoryInUse() { return -1; }
 Status fastllm::rt::initDevice(int) {
   // Before any kernel: code built for a newer CPU would stop with SIGILL in
   // the middle of a step.
-  if (const char *missing = cpu::missingCpuFeature())
+  const char *missing = cpu::missingCpuFeature();
+  if (!missing)
+    return Status();
+  // A native build's remedy is the portable level; a portable build's level
+  // is fixed when fastllm-opt itself is built (x86-64-v3 where the build
+  // machine has AVX2, FMA and BMI2, x86-64-v2 otherwise).
+  if (std::strncmp(cpu::kernelCpuTarget(), "portable", 8) == 0)
     return errorf("this binary was built for the CPU level %s, whose %s "
-                  "instructions this CPU lacks; compile the model again with "
-                  "--target-cpu portable, or on this machine with "
-                  "--target-cpu native",
-                  cpu::kernelCpuTarget(), missing);
-  return Status();
+                  "instructions this CPU lacks: it is older than the "
+                  "portable level of the fastllm-opt that compiled the "
+                  "model; compile the model with a fastllm-opt built on a "
+                  "machine without %s (its portable level is then lower)",
+                  cpu::kernelCpuTarget(), missing, missing);
+  return errorf("this binary was built for the CPU level %s, whose %s "
+                "instructions this CPU lacks; compile the model again with "
+                "--target-cpu portable",
+                cpu::kernelCpuTarget(), missing);
 }
 
 /// Bytes the C library's allocator has handed out: its heap's chunks in use
