@@ -9,6 +9,7 @@
 #include "runtime/Checkpoint.h"
 #include "runtime/Version.h"
 
+#include "runtime/InputFile.h"
 #include "runtime/Json.h"
 #include "runtime/OutputFile.h"
 
@@ -376,6 +377,59 @@ fastllm::rt::writeShard(const std::string &path, int rank, int64_t step,
   return file.commit();
 }
 
+namespace {
+
+/// One rank's shard file, opened as resume and consolidate read it: a
+/// regular file (never a FIFO, a device or a symlink), of the size the
+/// manifest records, starting with the magic and a header that fits in it.
+struct ShardFile {
+  InputFd fd;
+  int64_t size = 0;
+  char magic[sizeof(kShardMagic)] = {};
+  uint64_t headerBytes = 0;
+  std::string header;
+};
+
+/// Opens `folder`/`name` into `out`; "" or what is wrong with it.
+std::string openShard(const std::string &folder, const std::string &name,
+                      int64_t expectedBytes, ShardFile &out) {
+  InputOptions options;
+  options.noFollow = true;
+  options.maxBytes = expectedBytes;
+  Expected<OpenedInput> in = openInput(folder + "/" + name, name, options);
+  if (!in) {
+    if (notFound(in.status()))
+      return "cannot open " + name + ": it does not exist";
+    const std::string &why = in.status().message();
+    // A larger file than the manifest says: the same words as a smaller one.
+    if (why.find("more than the") != std::string::npos) {
+      struct stat st;
+      if (stat((folder + "/" + name).c_str(), &st) == 0)
+        return name + " has " + std::to_string(st.st_size) +
+               " bytes but the manifest says " +
+               std::to_string(expectedBytes);
+    }
+    return why;
+  }
+  out.fd = std::move(in->fd);
+  out.size = in->size;
+  if (out.size != expectedBytes)
+    return name + " has " + std::to_string(out.size) +
+           " bytes but the manifest says " + std::to_string(expectedBytes);
+  const int fd = out.fd.get();
+  if (!readAll(fd, out.magic, sizeof(out.magic)) ||
+      std::memcmp(out.magic, kShardMagic, sizeof(out.magic)) != 0 ||
+      !readAll(fd, &out.headerBytes, sizeof(out.headerBytes)) ||
+      out.headerBytes > uint64_t(out.size) - 16)
+    return name + " is not a checkpoint shard";
+  out.header.assign(out.headerBytes, '\0');
+  if (!readAll(fd, out.header.data(), int64_t(out.headerBytes)))
+    return name + " is not a checkpoint shard";
+  return "";
+}
+
+} // namespace
+
 /// Reads this rank's shard of the checkpoint in `folder` into `regions`;
 /// an empty string, or what is wrong with the shard.
 std::string fastllm::rt::loadShard(const std::string &folder, int rank,
@@ -385,41 +439,25 @@ std::string fastllm::rt::loadShard(const std::string &folder, int rank,
   if (rank >= int(m.shards.size()))
     return "the manifest lists no " + name;
   const ShardRecord &expected = m.shards[rank];
-  int fd = ::open((folder + "/" + name).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return "cannot open " + name + ": " + std::strerror(errno);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st;
-  if (fstat(fd, &st) != 0)
-    return "cannot stat " + name + ": " + std::strerror(errno);
-  if (st.st_size != expected.bytes)
-    return name + " has " + std::to_string(st.st_size) +
-           " bytes but the manifest says " + std::to_string(expected.bytes);
-
-  char magic[sizeof(kShardMagic)];
-  uint64_t headerBytes = 0;
-  if (!readAll(fd, magic, sizeof(magic)) ||
-      std::memcmp(magic, kShardMagic, sizeof(magic)) != 0 ||
-      !readAll(fd, &headerBytes, sizeof(headerBytes)) ||
-      headerBytes > uint64_t(st.st_size))
-    return name + " is not a checkpoint shard";
-  std::string header(headerBytes, '\0');
-  if (!readAll(fd, header.data(), headerBytes))
-    return name + " is not a checkpoint shard";
+  ShardFile shard;
+  if (std::string why = openShard(folder, name, expected.bytes, shard);
+      !why.empty())
+    return why;
+  const int fd = shard.fd.get();
+  const std::string &header = shard.header;
+  const char *magic = shard.magic;
+  const uint64_t headerBytes = shard.headerBytes;
   if (header != shardHeader(rank, m.step, regions))
     return name + "'s header does not describe rank " + std::to_string(rank) +
            "'s regions at step " + std::to_string(m.step);
-  int64_t total = sizeof(magic) + sizeof(headerBytes) + headerBytes;
+  int64_t total = sizeof(kShardMagic) + sizeof(headerBytes) + headerBytes;
   for (const Region &r : regions)
     total += r.bytes;
-  if (total != st.st_size)
-    return name + " has " + std::to_string(st.st_size) +
+  if (total != shard.size)
+    return name + " has " + std::to_string(shard.size) +
            " bytes but its header describes " + std::to_string(total);
 
-  uint32_t crc = crc32c(0, magic, sizeof(magic));
+  uint32_t crc = crc32c(0, magic, sizeof(kShardMagic));
   crc = crc32c(crc, &headerBytes, sizeof(headerBytes));
   crc = crc32c(crc, header.data(), header.size());
   for (const Region &r : regions) {
@@ -444,26 +482,30 @@ Expected<ShardRecord> fastllm::rt::writeManifestFile(const std::string &path,
   return file.commit();
 }
 
+/// The most a manifest may hold: its plan fingerprint names every parameter,
+/// so a model with a million of them still fits many times over.
+constexpr int64_t kMaxManifestBytes = int64_t(256) << 20;
+
 Expected<Manifest> fastllm::rt::readManifest(const std::string &folder) {
-  std::string path = folder + "/manifest.json";
-  FILE *f = std::fopen(path.c_str(), "rb");
-  if (!f) {
-    if (errno == ENOENT)
+  InputOptions options;
+  options.noFollow = true;
+  options.maxBytes = kMaxManifestBytes;
+  Expected<std::string> text =
+      readInputFile(folder + "/manifest.json", "manifest.json", options);
+  if (!text) {
+    if (notFound(text.status()))
       return errorf("it has no manifest.json (the checkpoint is incomplete)");
-    return errorf("cannot open manifest.json: %s", std::strerror(errno));
+    return text.status();
   }
-  std::string text;
-  char buf[65536];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;)
-    text.append(buf, n);
-  bool failed = std::ferror(f);
-  std::fclose(f);
-  if (failed)
-    return errorf("cannot read manifest.json");
-  Expected<Manifest> m = parseManifest(text);
+  Expected<Manifest> m = parseManifest(*text);
   if (!m)
     return Status::error("manifest.json: " + m.status().message());
   return m;
+}
+
+bool fastllm::rt::hasManifest(const std::string &folder) {
+  struct stat st;
+  return lstat((folder + "/manifest.json").c_str(), &st) == 0;
 }
 
 Expected<std::vector<int64_t>>
@@ -705,29 +747,14 @@ std::string fastllm::rt::readMasterShard(const std::string &folder, int rank,
                                          float *out) {
   std::string name = shardFileName(rank);
   const ShardRecord &expected = m.shards.at(rank);
-  int fd = ::open((folder + "/" + name).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return "cannot open " + name + ": " + std::strerror(errno);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    return name + " is not a regular file";
-  if (st.st_size != expected.bytes)
-    return name + " has " + std::to_string(st.st_size) +
-           " bytes but the manifest says " + std::to_string(expected.bytes);
-  char magic[sizeof(kShardMagic)];
-  uint64_t headerBytes = 0;
-  if (!readAll(fd, magic, sizeof(magic)) ||
-      std::memcmp(magic, kShardMagic, sizeof(magic)) != 0 ||
-      !readAll(fd, &headerBytes, sizeof(headerBytes)) ||
-      headerBytes > uint64_t(st.st_size) - 16)
-    return name + " is not a checkpoint shard";
-  std::string header(headerBytes, '\0');
-  if (!readAll(fd, header.data(), headerBytes))
-    return name + " is not a checkpoint shard";
+  ShardFile shard;
+  if (std::string why = openShard(folder, name, expected.bytes, shard);
+      !why.empty())
+    return why;
+  const int fd = shard.fd.get();
+  const std::string &header = shard.header;
+  const char *magic = shard.magic;
+  const uint64_t headerBytes = shard.headerBytes;
   std::vector<std::pair<std::string, uint64_t>> regions;
   std::string what;
   if (!parseShardHeader(header, rank, m.step, regions, what))
@@ -744,11 +771,11 @@ std::string fastllm::rt::readMasterShard(const std::string &folder, int rank,
   if (begin == UINT64_MAX)
     return name + " has no '" + kMasterRegion + "' region of " +
            std::to_string(want) + " bytes";
-  if (16 + headerBytes + total != uint64_t(st.st_size))
-    return name + " has " + std::to_string(st.st_size) +
+  if (16 + headerBytes + total != uint64_t(shard.size))
+    return name + " has " + std::to_string(shard.size) +
            " bytes but its header describes " +
            std::to_string(16 + headerBytes + total);
-  uint32_t crc = crc32c(0, magic, sizeof(magic));
+  uint32_t crc = crc32c(0, magic, sizeof(kShardMagic));
   crc = crc32c(crc, &headerBytes, sizeof(headerBytes));
   crc = crc32c(crc, header.data(), header.size());
   // Every byte is checksummed; the master region's land in `out`.
@@ -821,20 +848,39 @@ fastllm::rt::listCompleteCheckpointSteps(const std::string &dir) {
 
 namespace {
 
-/// Whether `name` is an OutputFile temporary: `<target>.tmp-XXXXXX`.
-bool isTemporary(const char *name) {
-  const char *at = std::strstr(name, kTemporarySuffix);
-  return at && at != name &&
-         std::strlen(at) == std::strlen(kTemporarySuffix) + 6;
+/// Whether `name` is an OutputFile temporary of one of `targets`:
+/// `<target>.tmp-XXXXXX`. Only such names are removed as temporaries: a
+/// user's file that merely ends like one is not ours to delete.
+bool isTemporaryOf(const std::string &name,
+                   const std::vector<std::string> &targets) {
+  for (const std::string &target : targets) {
+    std::string prefix = target + kTemporarySuffix;
+    if (name.size() == prefix.size() + 6 && name.compare(0, prefix.size(), prefix) == 0)
+      return true;
+  }
+  return false;
 }
 
-/// The entries of `folder` (not . and ..), or an error.
-Expected<std::vector<std::string>> entries(const std::string &folder) {
-  DIR *d = opendir(folder.c_str());
-  if (!d)
-    return errorf("cannot read folder '%s': %s", folder.c_str(),
-                  std::strerror(errno));
+/// Whether `name` is a shard's file name, "rank-NNNNN.bin".
+bool isShardName(const std::string &name) {
+  return name.size() == shardFileName(0).size() &&
+         name.compare(0, 5, "rank-") == 0 &&
+         name.find_first_not_of("0123456789", 5) == name.size() - 4 &&
+         name.compare(name.size() - 4, 4, ".bin") == 0;
+}
+
+/// The entries of the folder open as `fd` (not . and ..), sorted.
+std::vector<std::string> entriesAt(int fd) {
   std::vector<std::string> names;
+  int copy = dup(fd);
+  if (copy < 0)
+    return names;
+  DIR *d = fdopendir(copy);
+  if (!d) {
+    ::close(copy);
+    return names;
+  }
+  rewinddir(d);
   while (dirent *e = readdir(d))
     if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, ".."))
       names.push_back(e->d_name);
@@ -843,65 +889,160 @@ Expected<std::vector<std::string>> entries(const std::string &folder) {
   return names;
 }
 
+/// The folder `name` inside the folder `at`, opened without following a
+/// symlink; -1 (errno set) when it is one, or not a folder.
+int openFolderAt(int at, const std::string &name) {
+  return ::openat(at, name.c_str(),
+                  O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+/// Whether the regular file `name` in folder `at` starts like a shard that
+/// fastllm-opt wrote for step `step`: the magic, then a header naming the
+/// step. What an interrupted save leaves is removed only when it proves
+/// itself ours this way.
+bool provesShardOfStep(int at, const std::string &name, int64_t step) {
+  InputOptions options;
+  options.noFollow = true;
+  options.atFolder = at;
+  Expected<OpenedInput> in = openInput(name, name, options);
+  if (!in || in->size < 16)
+    return false;
+  char magic[sizeof(kShardMagic)];
+  uint64_t headerBytes = 0;
+  if (!readAt(in->fd.get(), magic, sizeof(magic), 0) ||
+      std::memcmp(magic, kShardMagic, sizeof(magic)) != 0 ||
+      !readAt(in->fd.get(), &headerBytes, 8, 8) ||
+      headerBytes > uint64_t(in->size) - 16 || headerBytes > (1u << 20))
+    return false;
+  std::string header(headerBytes, '\0');
+  if (!readAt(in->fd.get(), header.data(), headerBytes, 16))
+    return false;
+  Expected<JsonValue> v = parseJson(header);
+  if (!v)
+    return false;
+  const JsonValue *s = v->get("step");
+  std::optional<uint64_t> n = s ? s->asUint64() : std::nullopt;
+  return n && int64_t(*n) == step;
+}
+
 } // namespace
+
+std::string fastllm::rt::checkStepFolders(const std::string &dir) {
+  Expected<std::vector<int64_t>> steps = listCheckpointSteps(dir);
+  if (!steps)
+    return steps.status().message();
+  for (int64_t step : *steps) {
+    std::string folder = dir + "/" + stepFolderName(step);
+    struct stat st;
+    if (lstat(folder.c_str(), &st) != 0)
+      continue; // gone since the listing
+    if (!S_ISDIR(st.st_mode))
+      return "'" + folder + "' is " +
+             (S_ISLNK(st.st_mode) ? "a symbolic link" : "not a folder") +
+             "; checkpoints are read and written only in step folders "
+             "fastllm-opt made: put the folder itself there, or move the "
+             "entry away";
+  }
+  return "";
+}
 
 Expected<int64_t> fastllm::rt::removeOrphanTemporaries(const std::string &dir) {
   int64_t removed = 0;
-  std::vector<std::string> folders = {dir};
+  int top = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (top < 0)
+    return errorf("cannot read checkpoint folder '%s': %s", dir.c_str(),
+                  std::strerror(errno));
+  InputFd topFd(top);
+  // (folder descriptor, the targets whose temporaries it may hold)
+  std::vector<std::pair<int, std::vector<std::string>>> folders;
+  folders.push_back({top, {std::string(kLockFileName) + ".owner"}});
+  std::vector<InputFd> stepFds;
   Expected<std::vector<int64_t>> steps = listCheckpointSteps(dir);
   if (!steps)
     return steps.status();
-  for (int64_t step : *steps)
-    folders.push_back(dir + "/" + stepFolderName(step));
-  for (const std::string &folder : folders) {
-    Expected<std::vector<std::string>> names = entries(folder);
-    if (!names)
-      return names.status();
-    for (const std::string &name : *names) {
-      if (!isTemporary(name.c_str()))
+  for (int64_t step : *steps) {
+    int fd = openFolderAt(top, stepFolderName(step));
+    if (fd < 0)
+      continue; // a symlink or not a folder: not ours to clean
+    stepFds.emplace_back(fd);
+    std::vector<std::string> targets = {"manifest.json"};
+    for (const std::string &name : entriesAt(fd))
+      if (name.size() > shardFileName(0).size() &&
+          isShardName(name.substr(0, shardFileName(0).size())))
+        targets.push_back(name.substr(0, shardFileName(0).size()));
+    folders.push_back({fd, targets});
+  }
+  for (auto &[fd, targets] : folders) {
+    for (const std::string &name : entriesAt(fd)) {
+      if (!isTemporaryOf(name, targets))
         continue;
-      std::string path = folder + "/" + name;
       struct stat st;
-      if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      if (fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+          !S_ISREG(st.st_mode))
         continue; // only files OutputFile could have made
-      if (unlink(path.c_str()) != 0)
-        return errorf("cannot remove the orphan temporary '%s': %s",
-                      path.c_str(), std::strerror(errno));
+      if (unlinkat(fd, name.c_str(), 0) != 0)
+        return errorf("cannot remove the orphan temporary '%s' in '%s': %s",
+                      name.c_str(), dir.c_str(), std::strerror(errno));
       ++removed;
     }
-    syncFolder(folder);
+    fsync(fd);
   }
   return removed;
 }
 
-Status fastllm::rt::removeCheckpoint(const std::string &dir, int64_t step) {
-  std::string folder = dir + "/" + stepFolderName(step);
-  // The manifest first: a folder half removed is incomplete, not damaged.
-  std::string manifest = folder + "/manifest.json";
-  if (unlink(manifest.c_str()) != 0 && errno != ENOENT)
-    return errorf("cannot remove '%s': %s", manifest.c_str(),
+Expected<bool> fastllm::rt::removeCheckpoint(const std::string &dir,
+                                             int64_t step) {
+  int top = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (top < 0)
+    return errorf("cannot read checkpoint folder '%s': %s", dir.c_str(),
                   std::strerror(errno));
-  syncFolder(folder);
-  Expected<std::vector<std::string>> names = entries(folder);
-  if (!names)
-    return names.status();
-  for (const std::string &name : *names) {
-    // Only what a checkpoint holds: shards and temporaries.
-    bool shard = name.size() == shardFileName(0).size() &&
-                 name.compare(0, 5, "rank-") == 0 &&
-                 name.compare(name.size() - 4, 4, ".bin") == 0;
-    if (!shard && !isTemporary(name.c_str()))
-      continue;
-    std::string path = folder + "/" + name;
-    if (unlink(path.c_str()) != 0 && errno != ENOENT)
-      return errorf("cannot remove '%s': %s", path.c_str(),
-                    std::strerror(errno));
+  InputFd topFd(top);
+  const std::string stepName = stepFolderName(step);
+  int fd = openFolderAt(top, stepName);
+  if (fd < 0)
+    return false; // a symlink or not a folder: never ours to remove
+  InputFd folderFd(fd);
+  std::string folder = dir + "/" + stepName;
+
+  // What this run's kind wrote there: the manifest's own list when it has
+  // one; without one (a save cut short), the shards that prove themselves.
+  std::vector<std::string> ours;
+  struct stat st;
+  if (fstatat(fd, "manifest.json", &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    Expected<Manifest> m = readManifest(folder);
+    if (!m || m->step != step)
+      return false; // damaged: keep the evidence
+    ours.push_back("manifest.json"); // first: a half-removed one is incomplete
+    for (int64_t r = 0; r < m->dp; ++r)
+      ours.push_back(shardFileName(int(r)));
+  } else {
+    for (const std::string &name : entriesAt(fd))
+      if (isShardName(name) && provesShardOfStep(fd, name, step))
+        ours.push_back(name);
   }
-  if (rmdir(folder.c_str()) != 0)
+  std::vector<std::string> targets = ours;
+  targets.push_back("manifest.json");
+  for (const std::string &name : entriesAt(fd))
+    if (isTemporaryOf(name, targets) &&
+        fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISREG(st.st_mode))
+      ours.push_back(name);
+  for (const std::string &name : ours) {
+    if (unlinkat(fd, name.c_str(), 0) != 0 && errno != ENOENT)
+      return errorf("cannot remove '%s/%s': %s", folder.c_str(), name.c_str(),
+                    std::strerror(errno));
+    if (name == "manifest.json")
+      fsync(fd);
+  }
+  // Whatever else is there (a user's file) stays, and so does the folder.
+  if (unlinkat(top, stepName.c_str(), AT_REMOVEDIR) != 0) {
+    if (errno == ENOTEMPTY || errno == EEXIST)
+      return false;
     return errorf("cannot remove checkpoint folder '%s': %s", folder.c_str(),
                   std::strerror(errno));
-  syncFolder(dir);
-  return Status();
+  }
+  fsync(top);
+  return true;
 }
 
 Expected<std::vector<int64_t>>
@@ -921,9 +1062,11 @@ fastllm::rt::pruneCheckpoints(const std::string &dir, int64_t keep) {
   for (int64_t step : *all) {
     if (step >= oldestKept)
       continue;
-    if (Status s = removeCheckpoint(dir, step); !s.ok())
-      return s;
-    removed.push_back(step);
+    Expected<bool> gone = removeCheckpoint(dir, step);
+    if (!gone)
+      return gone.status();
+    if (*gone)
+      removed.push_back(step);
   }
   return removed;
 }
@@ -972,13 +1115,18 @@ Expected<CheckpointLock> CheckpointLock::acquire(const std::string &dir) {
     if (err != EWOULDBLOCK)
       return errorf("--checkpoint-dir '%s': cannot lock '%s': %s", dir.c_str(),
                     path.c_str(), std::strerror(err));
+    // Who holds it, as it wrote there: a short regular file, or nothing
+    // (never a wait on a FIFO or a read of something endless).
     std::string holder;
-    if (FILE *f = std::fopen(owner.c_str(), "rb")) {
-      char buf[256] = {};
-      size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-      std::fclose(f);
-      holder = std::string(buf, n);
-      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' '))
+    InputOptions options;
+    options.noFollow = true;
+    options.maxBytes = 4096;
+    if (Expected<std::string> text = readInputFile(owner, owner, options)) {
+      holder = text->substr(0, 255);
+      holder.erase(std::remove_if(holder.begin(), holder.end(),
+                                  [](char c) { return c < ' ' || c > '~'; }),
+                   holder.end());
+      while (!holder.empty() && holder.back() == ' ')
         holder.pop_back();
     }
     return errorf("--checkpoint-dir '%s' is in use by another training job%s "

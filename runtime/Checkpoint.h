@@ -110,8 +110,9 @@ struct Restored {
   Manifest manifest;
   /// One line per newer checkpoint skipped, saying why.
   std::vector<std::string> skipped;
-  /// How many of those had a manifest (a save that finished) but failed
-  /// to load: damaged, not merely incomplete.
+  /// How many of those had a manifest (a save that finished: readable or
+  /// not) but failed to load: damaged, not merely incomplete. --resume
+  /// refuses to go on past one.
   int64_t damaged = 0;
 };
 
@@ -147,8 +148,14 @@ Expected<ShardRecord> writeManifestFile(const std::string &path,
                                         const std::string &json);
 
 /// The manifest of the step folder `folder`, parsed and checked; the error
-/// says why not (no manifest: the checkpoint is incomplete).
+/// says why not (no manifest: the checkpoint is incomplete). Never blocks or
+/// follows a symlink: the manifest must be a regular file.
 Expected<Manifest> readManifest(const std::string &folder);
+
+/// Whether `folder` has an entry named manifest.json, whatever it is: a save
+/// that finished, so a manifest there that does not read back is damage, not
+/// an interrupted save.
+bool hasManifest(const std::string &folder);
 
 //===----------------------------------------------------------------------===//
 // Reading a checkpoint's weights without the training binary
@@ -205,18 +212,32 @@ readCheckpointWeights(const std::string &folder, const Manifest &m,
 Expected<std::vector<int64_t>>
 listCompleteCheckpointSteps(const std::string &dir);
 
-/// Removes OutputFile temporaries (`*.tmp-XXXXXX`, regular files) left by
-/// killed saves in `dir` and its step folders; returns how many. Only for a
-/// folder this process holds the lock of.
+/// "" when every step-N entry under `dir` is a folder of its own, else why
+/// not (a symlink or another file under a step's name): checkpoints are
+/// read, written and removed only in real step folders.
+std::string checkStepFolders(const std::string &dir);
+
+/// Removes the temporaries a killed save left (OutputFile's
+/// `<target>.tmp-XXXXXX`, regular files) in `dir` and its step folders, only
+/// for targets fastllm-opt writes there (manifest.json, rank-NNNNN.bin,
+/// train.lock.owner) and never through a symlink; returns how many. Only for
+/// a folder this process holds the lock of.
 Expected<int64_t> removeOrphanTemporaries(const std::string &dir);
 
-/// Removes step `step`'s folder: its manifest first (so a half-removed one
-/// reads as incomplete), then its shards and temporaries, then the folder.
-Status removeCheckpoint(const std::string &dir, int64_t step);
+/// Removes step `step`'s folder, but only what a checkpoint wrote there:
+/// the manifest first (so a half-removed folder reads as incomplete), then
+/// the shards its own list names, and their temporaries; for a folder
+/// without a manifest (a save cut short), the shards whose header proves
+/// them this step's. A step folder that is a symlink, whose manifest does
+/// not read back (damage is evidence), or that still holds other files
+/// after that, is left: false. Opened relative to `dir`, never following a
+/// symlink.
+Expected<bool> removeCheckpoint(const std::string &dir, int64_t step);
 
 /// --keep-last: when more than `keep` complete checkpoints exist, removes
-/// every step folder (complete or not) older than the keep-th newest
-/// complete one; returns the steps removed. `keep` <= 0 keeps everything.
+/// (as removeCheckpoint does) every step folder older than the keep-th
+/// newest complete one; returns the steps removed. `keep` <= 0 keeps
+/// everything.
 Expected<std::vector<int64_t>> pruneCheckpoints(const std::string &dir,
                                                 int64_t keep);
 

@@ -31,6 +31,15 @@ Status fastllm::rt::saveCheckpoint(Communicator &comm, const std::string &dir,
     if (mkdir(folder.c_str(), 0777) != 0 && errno != EEXIST)
       return errorf("cannot create checkpoint folder '%s': %s", folder.c_str(),
                     std::strerror(errno));
+    // Only into a folder of its own: never through a symlink a user left
+    // under the step's name (the save would write, and --keep-last later
+    // delete, in the folder it points to).
+    struct stat st;
+    if (lstat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return errorf("checkpoint folder '%s' exists and is %s; move it away "
+                    "(nothing was written)",
+                    folder.c_str(),
+                    S_ISLNK(st.st_mode) ? "a symbolic link" : "not a folder");
     // A manifest left by an earlier run must not vouch for the shards about
     // to be replaced.
     if (unlink(manifestPath.c_str()) != 0 && errno != ENOENT)
@@ -131,8 +140,10 @@ fastllm::rt::loadLatestCheckpoint(Communicator &comm, const std::string &dir,
         }
     }
     result.skipped.push_back(line);
-    // Rank 0's view decides (every rank read the same manifest file).
-    int64_t hadManifest = m.ok();
+    // Rank 0's view decides (every rank read the same folder): a manifest
+    // there, readable or not, means a save that finished, so the checkpoint
+    // is damaged rather than incomplete.
+    int64_t hadManifest = comm.rank() == 0 && hasManifest(folder);
     comm.broadcast(&hadManifest, sizeof(hadManifest), 0);
     result.damaged += hadManifest;
   }

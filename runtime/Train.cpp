@@ -76,6 +76,8 @@ Expected<CheckpointLock> prepareCheckpointDir(const std::string &dir,
   Expected<CheckpointLock> lock = CheckpointLock::acquire(dir);
   if (!lock)
     return lock;
+  if (std::string why = checkStepFolders(dir); !why.empty())
+    return errorf("--checkpoint-dir '%s': %s", dir.c_str(), why.c_str());
   Expected<int64_t> orphans = removeOrphanTemporaries(dir);
   if (!orphans)
     return orphans.status();
@@ -84,14 +86,18 @@ Expected<CheckpointLock> prepareCheckpointDir(const std::string &dir,
                  "checkpoint folder: removed %lld temporary file%s left by "
                  "an interrupted save\n",
                  (long long)*orphans, *orphans == 1 ? "" : "s");
-  Expected<std::vector<int64_t>> steps = listCompleteCheckpointSteps(dir);
+  // Any save that finished, whether it reads back or not, is the user's:
+  // a fresh run would overwrite and then prune it.
+  Expected<std::vector<int64_t>> steps = listCheckpointSteps(dir);
   if (!steps)
     return steps.status();
-  if (!resume && !steps->empty())
-    return errorf("--checkpoint-dir '%s' already holds checkpoints (the "
-                  "newest is step %lld); pass --resume to continue from them "
-                  "or choose an empty folder",
-                  dir.c_str(), (long long)steps->front());
+  if (!resume)
+    for (int64_t step : *steps)
+      if (hasManifest(dir + "/" + stepFolderName(step)))
+        return errorf("--checkpoint-dir '%s' already holds checkpoints (the "
+                      "newest is step %lld); pass --resume to continue from "
+                      "them or choose an empty folder",
+                      dir.c_str(), (long long)step);
   return lock;
 }
 
@@ -326,16 +332,24 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     if (!restored)
       return Status::error("--resume: " + restored.status().message());
     restoredState = !restored->path.empty();
-    if (!restoredState && restored->damaged) {
-      // Saves finished but none reads back: the folder (or the disk) is in
-      // trouble, and starting over would overwrite the evidence.
+    if (restored->damaged) {
+      // A save that finished does not read back: the folder (or the disk)
+      // is in trouble. Starting over, or from an older checkpoint, would
+      // later overwrite or prune the evidence, so nothing goes on.
       std::string why;
       for (const std::string &line : restored->skipped)
         why += "; " + line;
-      return errorf("--resume: no checkpoint in '%s' can be loaded%s; "
-                    "refusing to start over from the initial weights (move "
-                    "the folder away to start afresh)",
-                    opts.checkpointDir.c_str(), why.c_str());
+      return errorf("--resume: %lld checkpoint%s in '%s' cannot be loaded%s; "
+                    "nothing was changed. Restore %s from a copy, or move "
+                    "%s away to resume from %s",
+                    (long long)restored->damaged,
+                    restored->damaged == 1 ? "" : "s",
+                    opts.checkpointDir.c_str(), why.c_str(),
+                    restored->damaged == 1 ? "it" : "them",
+                    restored->damaged == 1 ? "its step folder"
+                                           : "their step folders",
+                    restoredState ? ("'" + restored->path + "'").c_str()
+                                  : "the initial weights");
     }
     if (leader)
       for (const std::string &line : restored->skipped)

@@ -302,8 +302,7 @@ TEST_F(CheckpointTest, SkipsIncompleteAndDamagedCheckpoints) {
             0u)
       << r->skipped[2];
   EXPECT_EQ(r->skipped[3],
-            skipped(10, "cannot open rank-00000.bin: No such file or "
-                        "directory"));
+            skipped(10, "cannot open rank-00000.bin: it does not exist"));
 }
 
 TEST_F(CheckpointTest, FindsNothingWhenNoCheckpointIsComplete) {

@@ -244,10 +244,23 @@ void testResume(Communicator &comm) {
   if (comm.rank() == comm.size() - 1)
     std::ofstream(shard, std::ios::binary | std::ios::in) << "damage";
 
-  // Every rank must fall back to step 6 together.
+  // Every rank refuses to go on past the damaged checkpoint, together, and
+  // leaves it as it was.
   Options resumed = killed;
   resumed.steps = 8;
   resumed.resume = true;
+  std::string damaged = readFile(shard);
+  Status refused = train(plan, fastllm_step, resumed, comm, nullptr);
+  CHECK(!refused.ok() &&
+        refused.message().find("cannot be loaded") != std::string::npos);
+  CHECK(readFile(shard) == damaged);
+  comm.barrier();
+  // Moved away, as the refusal says: every rank falls back to step 6
+  // together.
+  if (comm.rank() == 0)
+    CHECK(std::rename((killed.checkpointDir + "/" + stepFolderName(7)).c_str(),
+                      (dir + "/damaged-step-7").c_str()) == 0);
+  comm.barrier();
   CHECK_OK(train(plan, fastllm_step, resumed, comm, nullptr));
 
   if (comm.rank() == 0) {
