@@ -213,9 +213,11 @@ def check_weights(kind, start_path, saved_path, ref32, ref64):
     return ok, detail, worst
 
 
-def run_case(work, kind, mode, dp, zero, onnx_path, data_path, reference, ref32, ref64):
+def run_case(work, kind, mode, dp, zero, onnx_path, data_path, reference, ref32, ref64,
+             hp=None):
     label = f"{kind} {mode}-export dp {dp}" + (f" ZeRO-{zero}" if dp > 1 else "")
-    out = os.path.join(work, f"dp{dp}-zero{zero}")
+    hp = hp or HP
+    out = os.path.join(work, f"dp{dp}-zero{zero}" + ("-perturbed" if hp != HP else ""))
     r = subprocess.run([TOOL, "compile", onnx_path, "-o", out, "--dp", str(dp),
                         "--zero-stage", str(zero)],
                        capture_output=True, text=True)
@@ -226,7 +228,7 @@ def run_case(work, kind, mode, dp, zero, onnx_path, data_path, reference, ref32,
     cmd = [os.path.join(out, "train"), "--data", data_path, "--steps", str(STEPS),
            "--sampler", "sequential", "--metrics", metrics, "--save-weights", saved,
            "--grad-accum", str(BATCH // (MICRO * dp))]
-    cmd += [a for k, v in HP.items() for a in (f"--{k.replace('_', '-')}", repr(v))]
+    cmd += [a for k, v in hp.items() for a in (f"--{k.replace('_', '-')}", repr(v))]
     r = subprocess.run((MPIRUN + ["-np", str(dp)] if dp > 1 else []) + cmd,
                        capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if r.returncode != 0:
@@ -243,6 +245,21 @@ def run_case(work, kind, mode, dp, zero, onnx_path, data_path, reference, ref32,
     results.append((ok, f"{label}: final weights within {WEIGHT_RTOL:g} relative L2 per tensor",
                     detail))
     return results, (worst_loss, worst)
+
+
+# The bounds must see a small mistake: this export trained with a learning
+# rate 0.01% off PyTorch's must fail both the loss and the weight bound.
+PERTURBED = ("gpt", "default")
+
+
+def perturbed_case(work, kind, mode, onnx_path, data_path, reference, ref32, ref64):
+    got, _ = run_case(work, kind, mode, 1, 1, onnx_path, data_path, reference, ref32, ref64,
+                      hp=dict(HP, lr=HP["lr"] * 1.0001))
+    ran = len(got) == 2  # the loss and the weights results: it compiled and trained
+    caught = ran and not got[0][0] and not got[1][0]
+    return (caught, f"{kind} {mode}-export dp 1 with lr 0.01% off fails the loss and weight "
+            "bounds", "; ".join(f"{name.split(': ', 1)[1]}: {detail}"
+                                for _, name, detail in got)[:1500])
 
 
 def main():
@@ -300,6 +317,9 @@ def main():
                     if worst is not None:
                         worst_loss = max(worst_loss or 0.0, worst[0])
                         worst_weight = max(worst_weight or 0.0, worst[1])
+                if (kind, mode) == PERTURBED:
+                    results.append(perturbed_case(case_work, kind, mode, onnx_path, data_path,
+                                                  reference, ref32, ref64))
             if worst_loss is None:
                 summary.append(f"figures: {kind} {mode}-export: no run finished")
             else:
