@@ -1,9 +1,14 @@
 //===- Data.cpp - token file and samplers ---------------------------------===//
 
 #include "runtime/Data.h"
+#include "runtime/InputFile.h"
 #include "runtime/TokenFileFormat.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -45,6 +50,57 @@ uint64_t splitmix64(uint64_t x) {
 } // namespace
 
 namespace {
+
+/// Token files are mapped, and a file truncated while a run reads it turns
+/// the next read past its new end into SIGBUS. The handler reports which
+/// file, instead of a crash, for the mappings registered here (a fixed
+/// table written before the handler can see it; at most a few files).
+struct GuardedMapping {
+  std::atomic<const char *> begin{nullptr};
+  std::atomic<size_t> bytes{0};
+  char message[512] = {};
+};
+GuardedMapping guarded[4];
+std::atomic<int> guardedCount{0};
+
+void onBusError(int sig, siginfo_t *info, void *) {
+  const char *at = static_cast<const char *>(info->si_addr);
+  for (int i = 0; i < guardedCount.load() && i < 4; ++i) {
+    const char *begin = guarded[i].begin.load();
+    if (begin && at >= begin && at < begin + guarded[i].bytes.load()) {
+      ssize_t ignored = ::write(2, guarded[i].message,
+                                std::strlen(guarded[i].message));
+      (void)ignored;
+      _exit(1);
+    }
+  }
+  // Not a token file: the default action, as if no handler were here.
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/// Reports a SIGBUS in [base, base + bytes) as the truncation of `path`.
+void guardMapping(const void *base, size_t bytes, const std::string &path) {
+  int slot = guardedCount.load();
+  if (slot >= 4)
+    return;
+  std::snprintf(guarded[slot].message, sizeof(guarded[slot].message),
+                "train: error: data file '%s' was truncated while the run "
+                "read it (it is mapped: a data file must not change during "
+                "a run)\n",
+                path.c_str());
+  guarded[slot].bytes.store(bytes);
+  guarded[slot].begin.store(static_cast<const char *>(base));
+  guardedCount.store(slot + 1);
+  if (slot == 0) {
+    struct sigaction action = {};
+    action.sa_sigaction = onBusError;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGBUS, &action, nullptr);
+  }
+}
+
 const char *dtypeName(TokenDtype dtype) {
   return dtype == TokenDtype::U16 ? "u16" : "u32";
 }
@@ -54,33 +110,29 @@ Expected<TokenFile> TokenFile::open(const std::string &path, TokenDtype dtype,
                                     int64_t seqLen, int64_t vocabSize,
                                     bool dtypeGiven) {
   const char *file = path.c_str();
-  int fd = ::open(file, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return errorf("cannot open data file '%s': %s", file, std::strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return errorf("data file '%s' is not a regular file", file);
-  }
+  // Never blocks (a FIFO), never maps a device: a regular file, or an error.
+  Expected<OpenedInput> in = openInput(path, "data file '" + path + "'");
+  if (!in)
+    return notFound(in.status())
+               ? errorf("cannot open data file '%s': it does not exist", file)
+               : in.status();
+  const int64_t size = in->size;
   void *base = nullptr;
-  if (st.st_size > 0) {
-    base = mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int mapErrno = errno;
-    ::close(fd); // the mapping keeps the file alive
+  if (size > 0) {
+    base = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, in->fd.get(), 0);
     if (base == MAP_FAILED)
       return errorf("cannot map data file '%s': %s", file,
-                    std::strerror(mapErrno));
-  } else {
-    ::close(fd);
+                    std::strerror(errno));
+    guardMapping(base, size_t(size), path);
   }
   TokenFile tokens; // unmaps on every return below
   tokens.base = base;
-  tokens.bytes = st.st_size;
+  tokens.bytes = size;
 
   // A header (`fastllm-opt data`) says the width and the vocabulary; a raw
   // file is all ids, as wide as --data-dtype says.
-  int64_t headerBytes = 0;
-  if (st.st_size >= int64_t(sizeof(TokenFileHeader)) &&
+  int64_t headerBytes = 0, headerVocab = vocabSize;
+  if (size >= int64_t(sizeof(TokenFileHeader)) &&
       hasTokenFileMagic(base)) {
     TokenFileHeader h;
     std::memcpy(&h, base, sizeof(h));
@@ -100,20 +152,26 @@ Expected<TokenFile> TokenFile::open(const std::string &path, TokenDtype dtype,
                     "--data-dtype is %s; drop the flag",
                     file, dtypeName(fileDtype), dtypeName(dtype));
     dtype = fileDtype;
-    if (h.numTokens > uint64_t(st.st_size) / h.bytesPerToken ||
-        int64_t(h.numTokens * h.bytesPerToken) != st.st_size - headerBytes)
+    if (h.numTokens > uint64_t(size) / h.bytesPerToken ||
+        int64_t(h.numTokens * h.bytesPerToken) != size - headerBytes)
       return errorf("data file '%s' has %lld bytes of ids; its header says "
                     "%llu tokens of %u bytes (a truncated or appended file?)",
-                    file, (long long)(st.st_size - headerBytes),
+                    file, (long long)(size - headerBytes),
                     (unsigned long long)h.numTokens, h.bytesPerToken);
     if (h.vocabSize > uint64_t(vocabSize))
       return errorf("data file '%s' was tokenized with a vocabulary of %llu; "
                     "the model's is %lld (another tokenizer?)",
                     file, (unsigned long long)h.vocabSize,
                     (long long)vocabSize);
+    if (h.vocabSize == 0)
+      return errorf("data file '%s': its header says a vocabulary of 0 (a "
+                    "damaged header)",
+                    file);
+    // Ids must be below the header's own vocabulary, not only the model's.
+    headerVocab = int64_t(h.vocabSize);
   }
   int64_t width = dtype == TokenDtype::U16 ? 2 : 4;
-  int64_t idBytes = st.st_size - headerBytes;
+  int64_t idBytes = size - headerBytes;
   if (idBytes % width != 0)
     return errorf("data file '%s' has %lld bytes, not a multiple of %lld "
                   "(--data-dtype %s)",
@@ -127,17 +185,19 @@ Expected<TokenFile> TokenFile::open(const std::string &path, TokenDtype dtype,
   tokens.ids = static_cast<const char *>(base) + headerBytes;
   tokens.dtype = dtype;
   tokens.numTokens = n;
+  const int64_t limit = std::min(vocabSize, headerVocab);
   int64_t bad = dtype == TokenDtype::U16
                     ? firstIdAtLeast(static_cast<const uint16_t *>(tokens.ids),
-                                     n, vocabSize)
+                                     n, limit)
                     : firstIdAtLeast(static_cast<const uint32_t *>(tokens.ids),
-                                     n, vocabSize);
+                                     n, limit);
   if (bad < n) {
     int64_t id;
     tokens.read(bad, 1, &id);
     return errorf("data file '%s': token %lld at position %lld is not below "
-                  "the vocabulary size %lld%s",
-                  file, (long long)id, (long long)bad, (long long)vocabSize,
+                  "the vocabulary size %lld%s%s",
+                  file, (long long)id, (long long)bad, (long long)limit,
+                  limit < vocabSize ? " (its header's)" : "",
                   headerBytes                ? ""
                   : dtype == TokenDtype::U16 ? " (is --data-dtype u16 right?)"
                                              : " (is --data-dtype u32 right?)");
@@ -157,8 +217,12 @@ TokenFile &TokenFile::operator=(TokenFile &&other) noexcept {
 }
 
 TokenFile::~TokenFile() {
-  if (base)
-    munmap(const_cast<void *>(base), bytes);
+  if (!base)
+    return;
+  for (GuardedMapping &g : guarded)
+    if (g.begin.load() == base)
+      g.begin.store(nullptr); // no longer ours to report
+  munmap(const_cast<void *>(base), bytes);
 }
 
 void TokenFile::read(int64_t begin, int64_t count, int64_t *out) const {

@@ -4,6 +4,8 @@
 #include "runtime/OutputFile.h"
 
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -94,4 +96,63 @@ Expected<std::string> fastllm::rt::readInputFile(const std::string &path,
                   "read?)",
                   what.c_str(), (long long)in->size);
   return text;
+}
+
+namespace {
+/// What a path names, for comparing: (device, inode) of an existing file,
+/// else its folder's resolved path and its name.
+struct Identity {
+  bool exists = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  std::string resolved;
+};
+
+Identity identify(const std::string &path) {
+  Identity id;
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0) {
+    id.exists = true;
+    id.dev = st.st_dev;
+    id.ino = st.st_ino;
+    return id;
+  }
+  std::string folder = folderOf(path);
+  size_t slash = path.find_last_of('/');
+  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  char buf[PATH_MAX];
+  id.resolved = (realpath(folder.c_str(), buf) ? std::string(buf) : folder) +
+                "/" + name;
+  return id;
+}
+
+bool same(const Identity &a, const Identity &b) {
+  if (a.exists != b.exists)
+    return false;
+  return a.exists ? a.dev == b.dev && a.ino == b.ino
+                  : a.resolved == b.resolved;
+}
+} // namespace
+
+std::string fastllm::rt::distinctPaths(const std::vector<NamedPath> &paths) {
+  std::vector<Identity> ids;
+  for (const NamedPath &p : paths)
+    ids.push_back(identify(p.path));
+  for (size_t i = 0; i < paths.size(); ++i)
+    for (size_t j = 0; j < i; ++j) {
+      if (!paths[i].output && !paths[j].output)
+        continue; // two inputs may well be one file
+      if (paths[i].path.empty() || paths[j].path.empty() ||
+          !same(ids[i], ids[j]))
+        continue;
+      const NamedPath &out = paths[i].output ? paths[i] : paths[j];
+      const NamedPath &other = paths[i].output ? paths[j] : paths[i];
+      if (other.output)
+        return out.flag + " '" + out.path + "' and " + other.flag + " '" +
+               other.path + "' are the same file: give each output its own";
+      return out.flag + " '" + out.path + "' is the same file as " +
+             other.flag + " '" + other.path +
+             "': an output never replaces an input; choose another name";
+    }
+  return "";
 }

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fastllm::rt {
 
@@ -67,6 +68,21 @@ bool notFound(const Status &status);
 Expected<std::string> readInputFile(const std::string &path,
                                     const std::string &what,
                                     const InputOptions &options);
+
+/// A file a command reads or writes, for distinctPaths(): the flag that
+/// names it ("--data") and its path.
+struct NamedPath {
+  std::string flag;
+  std::string path;
+  bool output = false;
+};
+
+/// Refuses, before any work, a run whose outputs would replace one of its
+/// inputs or each other (`--metrics data.tok`, `--trace` equal to
+/// `--metrics`): paths are compared by identity (device and inode when the
+/// file exists, whatever names it: a symlink, `./x`, a hard link), else by
+/// the resolved folder plus the name. "" or the clash, naming both flags.
+std::string distinctPaths(const std::vector<NamedPath> &paths);
 
 } // namespace fastllm::rt
 

@@ -1,6 +1,7 @@
 //===- Safetensors.cpp - read and write safetensors files -----------------===//
 
 #include "runtime/Safetensors.h"
+#include "runtime/InputFile.h"
 
 #include "runtime/Plan.h"
 
@@ -111,13 +112,16 @@ Expected<SafetensorsReader> SafetensorsReader::open(const std::string &path) {
   SafetensorsReader r;
   r.path = path;
   const char *file = path.c_str();
-  r.fd = ::open(file, O_RDONLY | O_CLOEXEC);
+  // Never blocks (a FIFO) or reads a device: a regular file, or an error.
+  Expected<OpenedInput> in = openInput(path, "'" + path + "'");
+  if (!in)
+    return notFound(in.status())
+               ? errorf("cannot open '%s': it does not exist", file)
+               : in.status();
+  r.fd = dup(in->fd.get());
   if (r.fd < 0)
     return errorf("cannot open '%s': %s", file, std::strerror(errno));
-  struct stat st;
-  if (fstat(r.fd, &st) != 0 || !S_ISREG(st.st_mode))
-    return errorf("'%s' is not a regular file", file);
-  uint64_t fileBytes = st.st_size;
+  uint64_t fileBytes = uint64_t(in->size);
   uint64_t headerBytes;
   if (fileBytes < 8 || !readAt(r.fd, &headerBytes, 8, 0))
     return errorf("'%s' is not a safetensors file: it is too short", file);
@@ -149,6 +153,25 @@ Expected<SafetensorsReader> SafetensorsReader::open(const std::string &path) {
       return errorf("'%s': %s", file, entry.status().message().c_str());
     r.entries.push_back(std::move(*entry));
   }
+  // Each tensor's bytes are its own: two tensors sharing bytes would load
+  // as aliases of one another (the format forbids it).
+  std::vector<const TensorEntry *> byStart;
+  for (const TensorEntry &e : r.entries)
+    byStart.push_back(&e);
+  std::sort(byStart.begin(), byStart.end(),
+            [](const TensorEntry *a, const TensorEntry *b) {
+              return a->begin < b->begin;
+            });
+  for (size_t i = 1; i < byStart.size(); ++i)
+    if (byStart[i]->begin < byStart[i - 1]->end)
+      return errorf("'%s': tensors '%s' and '%s' overlap in the file (bytes "
+                    "%llu..%llu and %llu..%llu of the data)",
+                    file, byStart[i - 1]->name.c_str(),
+                    byStart[i]->name.c_str(),
+                    (unsigned long long)byStart[i - 1]->begin,
+                    (unsigned long long)byStart[i - 1]->end,
+                    (unsigned long long)byStart[i]->begin,
+                    (unsigned long long)byStart[i]->end);
   return r;
 }
 

@@ -4,6 +4,7 @@
 #include "runtime/Version.h"
 
 #include "runtime/Checkpoint.h"
+#include "runtime/InputFile.h"
 #include "runtime/Data.h"
 #include "runtime/Device.h"
 #include "runtime/Json.h"
@@ -252,7 +253,24 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       return Status::error("--val-data: " + val.status().message());
     valData = std::move(*val);
   }
-  // Where the run will write, before anything is loaded or computed.
+  // Where the run will write, before anything is loaded or computed: no
+  // output may be an input (the data, the weights, the binary itself) or
+  // another output.
+  {
+    std::vector<NamedPath> files = {
+        {"--data", opts.dataPath},
+        {"--val-data", opts.valDataPath},
+        {"--weights", opts.weightsPath},
+        {"--config", opts.configPath},
+        {"the training binary", "/proc/self/exe"},
+        {"--metrics", opts.metricsPath, true},
+        {"--dump-grads", opts.dumpGradsPath, true},
+        {"--save-weights", opts.saveWeightsPath, true},
+        {"--trace", opts.tracePath, true},
+        {"--checkpoint-dir", opts.checkpointDir, true}};
+    if (std::string clash = distinctPaths(files); !clash.empty())
+      return Status::error(clash);
+  }
   for (Status s : {checkOutputPath("metrics", opts.metricsPath),
                    checkOutputPath("dump-grads", opts.dumpGradsPath),
                    checkOutputPath("save-weights", opts.saveWeightsPath),

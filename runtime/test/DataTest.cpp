@@ -129,10 +129,9 @@ TEST(Data, RejectsBadFiles) {
   TempDir dir;
   std::string missing = dir.file("missing.u16");
   EXPECT_EQ(openError(missing, TokenDtype::U16, 4, 100),
-            "cannot open data file '" + missing +
-                "': No such file or directory");
+            "cannot open data file '" + missing + "': it does not exist");
   EXPECT_EQ(openError(dir.path(), TokenDtype::U16, 4, 100),
-            "data file '" + dir.path() + "' is not a regular file");
+            "data file '" + dir.path() + "' is a folder, not a regular file");
 
   std::string odd = dir.file("odd.u16");
   writeBytes(odd, std::string(11, '\0'));

@@ -249,6 +249,7 @@ void testResume(Communicator &comm) {
   Options resumed = killed;
   resumed.steps = 8;
   resumed.resume = true;
+  comm.barrier(); // the damage is on disk before anyone reads the shard
   std::string damaged = readFile(shard);
   Status refused = train(plan, fastllm_step, resumed, comm, nullptr);
   CHECK(!refused.ok() &&

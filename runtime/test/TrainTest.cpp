@@ -350,7 +350,7 @@ TEST_F(TrainTest, RejectsBadInputsBeforeWriting) {
   Options missing = good;
   missing.dataPath = dir.file("nope.u16");
   EXPECT_EQ(error(missing), "cannot open data file '" + missing.dataPath +
-                                "': No such file or directory");
+                                "': it does not exist");
 
   Options odd = good;
   odd.dataDtype = TokenDtype::U32;
