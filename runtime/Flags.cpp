@@ -316,6 +316,32 @@ const Flag kFlags[] = {
     {"help", nullptr, nullptr, "print this help and the model's plan", nullptr},
 };
 
+/// The counts a run multiplies (tokens and samples a step and over the
+/// run, micro-batches, evaluation batches) must fit in int64 with room to
+/// spare (2^62): a --grad-accum or --steps near int64's end would otherwise
+/// overflow in the sampler, the metrics and the trace.
+Status checkCounts(const Options &opts, const PlanInfo &plan) {
+  constexpr int64_t kLimit = int64_t(1) << 62;
+  int64_t perStep = 0, total = 0, evalTotal = 0;
+  bool over =
+      __builtin_mul_overflow(plan.batchSize * plan.seqLen,
+                             int64_t(plan.dataParallel), &perStep) ||
+      __builtin_mul_overflow(perStep, opts.gradAccum, &perStep) ||
+      __builtin_mul_overflow(perStep, opts.steps, &total) || total > kLimit ||
+      __builtin_mul_overflow(perStep, std::max<int64_t>(opts.evalSteps, 1),
+                             &evalTotal) ||
+      __builtin_mul_overflow(evalTotal, opts.steps, &evalTotal) ||
+      evalTotal > kLimit;
+  if (over)
+    return errorf("--steps %lld with --grad-accum %lld (%lld tokens a "
+                  "micro-batch on each of %d rank%s) counts more tokens than "
+                  "the run can number (2^62); lower them",
+                  (long long)opts.steps, (long long)opts.gradAccum,
+                  (long long)(plan.batchSize * plan.seqLen),
+                  plan.dataParallel, plan.dataParallel == 1 ? "" : "s");
+  return Status();
+}
+
 /// The checks between flags, once every flag is read.
 Status checkDependencies(const Options &opts) {
   if (opts.checkpointDir.empty() && opts.checkpointEvery)
@@ -640,6 +666,8 @@ Expected<Options> fastllm::rt::parseFlags(int argc, const char *const *argv,
                   missing.find(',') == std::string::npos ? "" : "s",
                   missing.c_str());
   if (Status s = checkDependencies(opts); !s.ok())
+    return s;
+  if (Status s = checkCounts(opts, plan); !s.ok())
     return s;
   for (size_t i = 0; i < std::size(kFlags); ++i)
     if (!std::strcmp(kFlags[i].name, "eval-steps") && !got.values[i].empty() &&

@@ -31,6 +31,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/InputFile.h"
 #include "runtime/OutputFile.h"
 #include "runtime/TokenFileFormat.h"
 
@@ -50,7 +51,12 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <unistd.h>
+#include <sys/wait.h>
+#include <cstring>
+#include <csignal>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -83,25 +89,88 @@ constexpr size_t kEncodeChunkBytes = 64 * 1024;
 constexpr size_t kTrainSentenceBytes = 4192;
 /// Ids are u16 up to this vocabulary, u32 above.
 constexpr uint64_t kU16Vocabulary = 65536;
+/// The largest vocabulary --sp-train-vocab-size trains (2^20 pieces).
+constexpr int64_t kMaxTrainVocabulary = int64_t(1) << 20;
 
 /// Calls `document` with each document of `path`: the whole file, or with a
 /// JSONL field, that field of every non-empty line. Reports and fails on a
 /// file that cannot be read, a line without a string field, or a false
 /// return from `document` (which reported why).
+/// The longest JSON Lines line read: a document of 256 MiB in one line
+/// (the parse holds about three times the line).
+constexpr size_t kMaxJsonLineBytes = size_t(256) << 20;
+/// The deepest nesting of objects and arrays in a JSON Lines line: the
+/// parser recurses once per level.
+constexpr int kMaxJsonDepth = 64;
+
+/// The deepest nesting of `line`'s objects and arrays (strings skipped),
+/// counted without recursion.
+int jsonDepth(StringRef line) {
+  int depth = 0, deepest = 0;
+  bool inString = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    char c = line[i];
+    if (inString) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        inString = false;
+    } else if (c == '"') {
+      inString = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+/// Maps the user's file `path` for reading, never blocking on a FIFO nor
+/// reading a device (runtime/InputFile.h); reports and returns null when it
+/// is not a regular file or cannot be read.
+std::unique_ptr<MemoryBuffer> readUserFile(StringRef path, StringRef what,
+                                           int64_t maxBytes = -1) {
+  fastllm::rt::InputOptions options;
+  options.maxBytes = maxBytes;
+  fastllm::rt::Expected<fastllm::rt::OpenedInput> in = fastllm::rt::openInput(
+      path.str(), what.str() + " '" + path.str() + "'", options);
+  if (!in) {
+    dataError() << in.status().message() << "\n";
+    return nullptr;
+  }
+  ErrorOr<std::unique_ptr<MemoryBuffer>> buffer = MemoryBuffer::getOpenFile(
+      sys::fs::convertFDToNativeFile(in->fd.get()), path, uint64_t(in->size),
+      /*RequiresNullTerminator=*/false);
+  if (!buffer) {
+    dataError() << "cannot read " << what << " '" << path
+                << "': " << buffer.getError().message() << "\n";
+    return nullptr;
+  }
+  return std::move(*buffer);
+}
+
 bool forEachDocument(StringRef path, StringRef jsonlField,
                      function_ref<bool(StringRef)> document) {
-  ErrorOr<std::unique_ptr<MemoryBuffer>> buffer =
-      MemoryBuffer::getFile(path, /*IsText=*/false,
-                            /*RequiresNullTerminator=*/false);
-  if (!buffer) {
-    dataError() << "cannot read '" << path
-                << "': " << buffer.getError().message() << "\n";
+  std::unique_ptr<MemoryBuffer> buffer = readUserFile(path, "input");
+  if (!buffer)
     return false;
-  }
   if (jsonlField.empty())
-    return document((*buffer)->getBuffer());
-  for (line_iterator line(**buffer, /*SkipBlanks=*/true); !line.is_at_eof();
+    return document(buffer->getBuffer());
+  for (line_iterator line(*buffer, /*SkipBlanks=*/true); !line.is_at_eof();
        ++line) {
+    if (line->size() > kMaxJsonLineBytes) {
+      dataError() << path << ":" << line.line_number() << ": a line of "
+                  << line->size() << " bytes; JSON Lines documents are read "
+                  << "up to " << (kMaxJsonLineBytes >> 20) << " MiB a line\n";
+      return false;
+    }
+    if (int depth = jsonDepth(*line); depth > kMaxJsonDepth) {
+      dataError() << path << ":" << line.line_number()
+                  << ": JSON nested " << depth << " levels deep (at most "
+                  << kMaxJsonDepth << " are read)\n";
+      return false;
+    }
     Expected<json::Value> value = json::parse(*line);
     if (!value) {
       dataError() << path << ":" << line.line_number()
@@ -351,15 +420,12 @@ std::optional<Encoder> makeEncoder(bool sentencePiece,
       return std::nullopt;
     return Encoder::sentencePiece(*model, flags.modelOut, endOfDocument);
   }
-  ErrorOr<std::unique_ptr<MemoryBuffer>> model =
-      MemoryBuffer::getFile(flags.model, /*IsText=*/false,
-                            /*RequiresNullTerminator=*/false);
-  if (!model) {
-    dataError() << "cannot read the SentencePiece model '" << flags.model
-                << "': " << model.getError().message() << "\n";
+  // SentencePiece models are megabytes; 1 GiB is far beyond any.
+  std::unique_ptr<MemoryBuffer> model =
+      readUserFile(flags.model, "the SentencePiece model", int64_t(1) << 30);
+  if (!model)
     return std::nullopt;
-  }
-  return Encoder::sentencePiece((*model)->getBuffer(), flags.model,
+  return Encoder::sentencePiece(model->getBuffer(), flags.model,
                                 endOfDocument);
 }
 
@@ -429,10 +495,11 @@ bool checkOutputs(ArrayRef<std::string> outputs, bool overwrite) {
 /// Encodes `inputs` twice: counting, then writing the first part of the
 /// stream to `output` and the last `valFraction` to `valOutput` (when not
 /// empty). Reports and returns 1 on failure, else prints what it wrote.
-int writeTokenFiles(Encoder &encoder, ArrayRef<std::string> inputs,
-                    StringRef jsonlField, const std::string &output,
-                    const std::string &valOutput, double valFraction) {
-  // Pass 1: count (bytes need no encoding to be counted).
+/// Pass 1: how many ids `encoder` makes of `inputs` (bytes need no
+/// encoding to be counted); nothing on failure (reported).
+std::optional<uint64_t> countTokens(Encoder &encoder,
+                                    ArrayRef<std::string> inputs,
+                                    StringRef jsonlField) {
   uint64_t total = 0;
   for (const std::string &input : inputs)
     if (!forEachDocument(input, jsonlField, [&](StringRef text) {
@@ -445,7 +512,19 @@ int writeTokenFiles(Encoder &encoder, ArrayRef<std::string> inputs,
             return true;
           });
         }))
-      return 1;
+      return std::nullopt;
+  return total;
+}
+
+int writeTokenFiles(Encoder &encoder, ArrayRef<std::string> inputs,
+                    StringRef jsonlField, const std::string &output,
+                    const std::string &valOutput, double valFraction,
+                    std::optional<uint64_t> counted) {
+  if (!counted)
+    counted = countTokens(encoder, inputs, jsonlField);
+  if (!counted)
+    return 1;
+  const uint64_t total = *counted;
   const uint64_t valTokens = uint64_t(double(total) * valFraction);
   const uint64_t vocabulary = encoder.vocabulary();
   TokenWriter train(output, vocabulary, encoder.bytesPerToken(),
@@ -511,8 +590,11 @@ std::string checkSentencePieceFlags(bool sentencePiece, SentencePieceFlags &sp,
     return sp.modelOut.empty() ? ""
                                : "--sp-model-out names where a trained model "
                                  "goes; it needs --sp-train-vocab-size";
-  if (sp.trainVocab < 1 || sp.trainVocab > std::numeric_limits<int32_t>::max())
-    return "--sp-train-vocab-size must be in [1, 2^31), got " +
+  // The trainer's own arithmetic overflows (and then loops) near 2^31;
+  // the largest vocabularies in use are a few hundred thousand pieces.
+  if (sp.trainVocab < 1 || sp.trainVocab > kMaxTrainVocabulary)
+    return "--sp-train-vocab-size must be in [1, " +
+           std::to_string(kMaxTrainVocabulary) + "], got " +
            std::to_string(sp.trainVocab);
   if (sp.modelType != "unigram" && sp.modelType != "bpe")
     return "--sp-model-type must be unigram or bpe, got '" + sp.modelType + "'";
@@ -529,7 +611,61 @@ std::string checkSentencePieceFlags(bool sentencePiece, SentencePieceFlags &sp,
 } // namespace
 
 /// `fastllm-opt data`'s flags, checks and work; the exit code.
-static int dataMain(int argc, char **argv) {
+static 
+/// Loads the SentencePiece model and counts the ids of `inputs` in a child
+/// process. The count; nothing when the child failed and said why (an
+/// unreadable model, say); or an outer nothing when it crashed, which is
+/// reported here.
+std::optional<std::optional<uint64_t>>
+countBehindWall(bool sentencePiece, const SentencePieceFlags &sp,
+                ArrayRef<std::string> inputs, StringRef jsonlField,
+                bool endOfDocument) {
+  int fds[2];
+  if (::pipe(fds) != 0) {
+    dataError() << "cannot create a pipe: " << std::strerror(errno) << "\n";
+    return std::nullopt;
+  }
+  errs().flush();
+  outs().flush();
+  pid_t child = ::fork();
+  if (child < 0) {
+    dataError() << "cannot start a process: " << std::strerror(errno) << "\n";
+    return std::nullopt;
+  }
+  if (child == 0) {
+    ::close(fds[0]);
+    // A crash is the parent's to report: no stack dump from here.
+    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP})
+      ::signal(sig, SIG_DFL);
+    std::optional<Encoder> encoder =
+        makeEncoder(sentencePiece, sp, inputs, jsonlField, endOfDocument);
+    std::optional<uint64_t> total =
+        encoder ? countTokens(*encoder, inputs, jsonlField) : std::nullopt;
+    errs().flush();
+    if (!total || ::write(fds[1], &*total, sizeof(*total)) != sizeof(*total))
+      ::_exit(1);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  uint64_t total = 0;
+  ssize_t got = ::read(fds[0], &total, sizeof(total));
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status)) {
+    dataError() << "the SentencePiece library crashed ("
+                << strsignal(WTERMSIG(status)) << ") reading the model '"
+                << sp.model << "' or encoding with it: the model is damaged "
+                << "or was not written by SentencePiece; nothing was written\n";
+    return std::nullopt;
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+      got != ssize_t(sizeof(total)))
+    return std::optional<uint64_t>(); // the child said why
+  return std::optional<uint64_t>(total);
+}
+int dataMain(int argc, char **argv) {
   cl::OptionCategory category("fastllm-opt data options");
   cl::list<std::string> inputs(cl::Positional, cl::OneOrMore,
                                cl::desc("<text files | JSONL files>"),
@@ -629,13 +765,40 @@ static int dataMain(int argc, char **argv) {
     outputs.push_back(sp.modelOut);
   if (!checkOutputs(outputs, overwrite))
     return 1;
+  // No output may be an input (--overwrite or not) or another output.
+  std::vector<fastllm::rt::NamedPath> files;
+  for (const std::string &input : inputs)
+    files.push_back({"input", input});
+  if (!spModel.empty())
+    files.push_back({"--sp-model", spModel});
+  files.push_back({"-o", output, true});
+  if (!valOutput.empty())
+    files.push_back({"--val-output", valOutput, true});
+  if (sp.trainVocab > 0)
+    files.push_back({"--sp-model-out", sp.modelOut, true});
+  if (std::string clash = fastllm::rt::distinctPaths(files); !clash.empty()) {
+    dataError() << clash << "\n";
+    return 1;
+  }
 
+  // A SentencePiece model from the user is read by a library that trusts
+  // it (a damaged trie crashes it): the model's load and the counting pass
+  // run in a child process first, whose crash is reported here before any
+  // output exists. The same code on the same bytes then runs here.
+  std::optional<uint64_t> counted;
+  if (sentencePiece && sp.trainVocab == 0) {
+    std::optional<std::optional<uint64_t>> walled =
+        countBehindWall(sentencePiece, sp, inputs, jsonlField, endOfDocument);
+    if (!walled || !*walled)
+      return 1;
+    counted = **walled;
+  }
   std::optional<Encoder> encoder =
       makeEncoder(sentencePiece, sp, inputs, jsonlField, endOfDocument);
   if (!encoder)
     return 1;
   return writeTokenFiles(*encoder, inputs, jsonlField, output, valOutput,
-                         valFraction);
+                         valFraction, counted);
 }
 
 /// fastllm-data: `fastllm-opt data` runs it with its own arguments (argv[0]
