@@ -3,7 +3,8 @@
 # Train, and the Python harnesses of test/EndToEnd and test/Import: real
 # PyTorch exports, ONNX's operator tests, training vs PyTorch, data
 # parallelism, the CUDA target, hostile input...), the unit tests (ctest), and
-# a bounded fuzzing run of the importer. Installs and builds what is missing
+# bounded fuzzing runs of the importer and of the runtime's file readers.
+# Installs and builds what is missing
 # first. A harness is one lit test and its cases are micro-results of it
 # (test/lit_harness.py); here each case counts as one test. The last line is
 # `N passed, N failed, N skipped`; the exit status is non-zero on any
@@ -115,6 +116,26 @@ if [[ -x "$build/bin/fastllm-import-fuzzer" ]]; then
 else
   echo "SKIP fuzz: no fastllm-import-fuzzer (needs clang's libFuzzer)"; add 0 0 1
   echo "fuzz: no fastllm-import-fuzzer (needs clang's libFuzzer)" >"$logdir/fuzz.skipped"
+fi
+
+reader_seconds=${READER_FUZZ_SECONDS:-20}
+echo "== fuzzing the runtime's file readers: manifests, safetensors, token files (${reader_seconds}s)"
+if [[ -x "$build/bin/fastllm-reader-fuzzer" ]]; then
+  corpus=$(mktemp -d)
+  "$py" "$root/tools/fuzz/make_reader_seeds.py" "$corpus"
+  if "$build/bin/fastllm-reader-fuzzer" -max_total_time="$reader_seconds" \
+      -rss_limit_mb=2048 -timeout=10 -seed=1 -print_final_stats=1 "$corpus" \
+      >"$logdir/fuzz-readers.log" 2>&1; then
+    grep -E "stat::number_of_executed_units" "$logdir/fuzz-readers.log"
+    echo "PASS fuzz-readers"; add 1 0
+  else
+    tail -n 30 "$logdir/fuzz-readers.log"
+    echo "FAIL fuzz-readers (log: $logdir/fuzz-readers.log)"; add 0 1
+  fi
+  rm -rf "$corpus"
+else
+  echo "SKIP fuzz-readers: no fastllm-reader-fuzzer (needs clang's libFuzzer)"; add 0 0 1
+  echo "fuzz-readers: no fastllm-reader-fuzzer (needs clang's libFuzzer)" >>"$logdir/fuzz.skipped"
 fi
 
 echo
