@@ -535,6 +535,27 @@ fastllm::rt::listCheckpointSteps(const std::string &dir) {
 const char *const fastllm::rt::kMasterRegion = "master";
 
 namespace {
+/// The memory the system can give without swapping (/proc/meminfo's
+/// MemAvailable), or nothing where it does not say.
+std::optional<int64_t> availableMemoryBytes() {
+  FILE *f = std::fopen("/proc/meminfo", "r");
+  if (!f)
+    return std::nullopt;
+  char line[256];
+  std::optional<int64_t> bytes;
+  while (std::fgets(line, sizeof(line), f)) {
+    long long kib = 0;
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) {
+      bytes = int64_t(kib) * 1024;
+      break;
+    }
+  }
+  std::fclose(f);
+  return bytes;
+}
+} // namespace
+
+namespace {
 
 /// A fingerprint's decimal field as a non-negative integer below 2^62.
 std::optional<int64_t> decimal(const std::string &s) {
@@ -817,6 +838,16 @@ fastllm::rt::readCheckpointWeights(const std::string &folder, const Manifest &m,
                     shardFileName(r).c_str(), (long long)st.st_size,
                     (long long)shardElements);
   }
+  // The weights are held whole: the memory must be there, or the manifest
+  // (whose sizes the shards' sizes vouch for, sparse files included) would
+  // take the process down.
+  const int64_t needed = (layout.paramElements + shardElements) * 4;
+  if (std::optional<int64_t> available = availableMemoryBytes();
+      available && needed > *available)
+    return errorf("the checkpoint's weights take %.2f GiB (%lld parameters), "
+                  "more than the %.2f GiB of memory available",
+                  needed / 1073741824.0, (long long)layout.paramElements,
+                  *available / 1073741824.0);
   std::vector<float> full(size_t(layout.paramElements), 0.0f);
   std::vector<float> shard(static_cast<size_t>(shardElements));
   for (int r = 0; r < int(layout.dp); ++r) {
