@@ -388,6 +388,14 @@ struct ShardFile {
   char magic[sizeof(kShardMagic)] = {};
   uint64_t headerBytes = 0;
   std::string header;
+
+  /// The CRC32C of the bytes read so far (magic, length, header), which
+  /// the data's continues.
+  uint32_t headerCrc() const {
+    uint32_t crc = crc32c(0, magic, sizeof(magic));
+    crc = crc32c(crc, &headerBytes, sizeof(headerBytes));
+    return crc32c(crc, header.data(), header.size());
+  }
 };
 
 /// Opens `folder`/`name` into `out`; "" or what is wrong with it.
@@ -445,7 +453,6 @@ std::string fastllm::rt::loadShard(const std::string &folder, int rank,
     return why;
   const int fd = shard.fd.get();
   const std::string &header = shard.header;
-  const char *magic = shard.magic;
   const uint64_t headerBytes = shard.headerBytes;
   if (header != shardHeader(rank, m.step, regions))
     return name + "'s header does not describe rank " + std::to_string(rank) +
@@ -457,9 +464,7 @@ std::string fastllm::rt::loadShard(const std::string &folder, int rank,
     return name + " has " + std::to_string(shard.size) +
            " bytes but its header describes " + std::to_string(total);
 
-  uint32_t crc = crc32c(0, magic, sizeof(kShardMagic));
-  crc = crc32c(crc, &headerBytes, sizeof(headerBytes));
-  crc = crc32c(crc, header.data(), header.size());
+  uint32_t crc = shard.headerCrc();
   for (const Region &r : regions) {
     if (!readAll(fd, r.data, r.bytes))
       return "cannot read " + name + ": " + std::strerror(errno);
@@ -774,7 +779,6 @@ std::string fastllm::rt::readMasterShard(const std::string &folder, int rank,
     return why;
   const int fd = shard.fd.get();
   const std::string &header = shard.header;
-  const char *magic = shard.magic;
   const uint64_t headerBytes = shard.headerBytes;
   std::vector<std::pair<std::string, uint64_t>> regions;
   std::string what;
@@ -796,9 +800,7 @@ std::string fastllm::rt::readMasterShard(const std::string &folder, int rank,
     return name + " has " + std::to_string(shard.size) +
            " bytes but its header describes " +
            std::to_string(16 + headerBytes + total);
-  uint32_t crc = crc32c(0, magic, sizeof(kShardMagic));
-  crc = crc32c(crc, &headerBytes, sizeof(headerBytes));
-  crc = crc32c(crc, header.data(), header.size());
+  uint32_t crc = shard.headerCrc();
   // Every byte is checksummed; the master region's land in `out`.
   std::vector<char> chunk(size_t(4) << 20);
   auto stream = [&](uint64_t bytes, char *into) {
