@@ -10,7 +10,8 @@
 # `N passed, N failed, N skipped`; the exit status is non-zero on any
 # failure. Before it, every skipped test is listed under the reason it gave
 # (scripts/skipped_by_reason.py).
-# Logs: build/test-logs/ (lit.log, lit.json, ctest.log, ctest.xml, fuzz.log);
+# Logs: build/test-logs/ (lit.log, lit.json, ctest.log, ctest.xml, fuzz.log,
+# fuzz-readers.log);
 # a harness's whole output: build/test/<Folder>/Output/<harness>.py.log.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -94,6 +95,20 @@ else
   add 0 1
 fi
 
+# fuzz NAME BINARY SECONDS RSS_MB CORPUS: one bounded libFuzzer run, one
+# test; the log goes to $logdir/NAME.log, the corpus is removed after.
+fuzz() {
+  local name=$1 binary=$2 seconds=$3 rss=$4 corpus=$5
+  if "$binary" -max_total_time="$seconds" -rss_limit_mb="$rss" -timeout=20 \
+      -seed=1 -print_final_stats=1 "$corpus" >"$logdir/$name.log" 2>&1; then
+    grep -E "stat::number_of_executed_units" "$logdir/$name.log"
+    echo "PASS $name"; add 1 0
+  else
+    tail -n 30 "$logdir/$name.log"; echo "FAIL $name (log: $logdir/$name.log)"; add 0 1
+  fi
+  rm -rf "$corpus"
+}
+
 echo "== fuzzing the importer (${fuzz_seconds}s)"
 if [[ -x "$build/bin/fastllm-import-fuzzer" ]]; then
   corpus=$(mktemp -d)
@@ -104,15 +119,7 @@ if [[ -x "$build/bin/fastllm-import-fuzzer" ]]; then
     f=/usr/share/libonnx-testdata/data/node/test_$t/model.onnx
     [[ -f $f ]] && cp "$f" "$corpus/$t.onnx"
   done
-  if "$build/bin/fastllm-import-fuzzer" -max_total_time="$fuzz_seconds" \
-      -rss_limit_mb=4096 -timeout=20 -seed=1 -print_final_stats=1 "$corpus" \
-      >"$logdir/fuzz.log" 2>&1; then
-    grep -E "stat::number_of_executed_units" "$logdir/fuzz.log"
-    echo "PASS fuzz"; add 1 0
-  else
-    tail -n 30 "$logdir/fuzz.log"; echo "FAIL fuzz (log: $logdir/fuzz.log)"; add 0 1
-  fi
-  rm -rf "$corpus"
+  fuzz fuzz "$build/bin/fastllm-import-fuzzer" "$fuzz_seconds" 4096 "$corpus"
 else
   echo "SKIP fuzz: no fastllm-import-fuzzer (needs clang's libFuzzer)"; add 0 0 1
   echo "fuzz: no fastllm-import-fuzzer (needs clang's libFuzzer)" >"$logdir/fuzz.skipped"
@@ -123,16 +130,7 @@ echo "== fuzzing the runtime's file readers: manifests, safetensors, token files
 if [[ -x "$build/bin/fastllm-reader-fuzzer" ]]; then
   corpus=$(mktemp -d)
   "$py" "$root/tools/fuzz/make_reader_seeds.py" "$corpus"
-  if "$build/bin/fastllm-reader-fuzzer" -max_total_time="$reader_seconds" \
-      -rss_limit_mb=2048 -timeout=10 -seed=1 -print_final_stats=1 "$corpus" \
-      >"$logdir/fuzz-readers.log" 2>&1; then
-    grep -E "stat::number_of_executed_units" "$logdir/fuzz-readers.log"
-    echo "PASS fuzz-readers"; add 1 0
-  else
-    tail -n 30 "$logdir/fuzz-readers.log"
-    echo "FAIL fuzz-readers (log: $logdir/fuzz-readers.log)"; add 0 1
-  fi
-  rm -rf "$corpus"
+  fuzz fuzz-readers "$build/bin/fastllm-reader-fuzzer" "$reader_seconds" 2048 "$corpus"
 else
   echo "SKIP fuzz-readers: no fastllm-reader-fuzzer (needs clang's libFuzzer)"; add 0 0 1
   echo "fuzz-readers: no fastllm-reader-fuzzer (needs clang's libFuzzer)" >>"$logdir/fuzz.skipped"
