@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/Checkpoint.h"
+#include "runtime/InputFile.h"
 #include "runtime/OutputFile.h"
 #include "runtime/Safetensors.h"
 
@@ -222,6 +223,16 @@ int mlir::fastllm::consolidateMain(int argc, char **argv) {
                                             : std::nullopt);
   if (!chosen)
     return fail(chosen.status().message());
+  // -o may not be one of the files read (--overwrite or not): the step's
+  // manifest and shards, and --weights.
+  std::vector<NamedPath> files = {
+      {"the manifest", chosen->folder + "/manifest.json"},
+      {"--weights", initial},
+      {"-o", out, true}};
+  for (int64_t r = 0; r < chosen->layout.dp; ++r)
+    files.push_back({"the shard", chosen->folder + "/" + shardFileName(int(r))});
+  if (std::string clash = distinctPaths(files); !clash.empty())
+    return fail(clash);
   std::vector<std::vector<float>> frozenData;
   Expected<std::vector<TensorRef>> tensors =
       tensorsOf(*chosen, initial, frozenData);
