@@ -8,7 +8,9 @@
       are marked.
   fastllm-plot memory PLAN.json [MORE.json ...] -o memory.png
       The per-rank memory of `fastllm-opt compile`'s plan.json as stacked
-      bars, one per rank, the plans side by side (e.g. ZeRO 1, 2, 3).
+      bars, one per rank, the plans side by side (e.g. ZeRO 1, 2, 3). Every
+      rank holds the same arena: a plan of more than 32 ranks is drawn as
+      one bar standing for each of them.
   fastllm-plot trace TRACE.json -o trace.png
       The timeline of `train --trace`: per rank, the compute track (forward
       and backward kernels in two colours) and each collective's track
@@ -20,6 +22,24 @@ Debian's python3-matplotlib (drawn with the Agg backend, no display). The
 picture is written through a temporary file and a rename; an existing file
 is replaced only with --overwrite. --print writes the numbers drawn to
 standard output.
+
+Inputs are read through tools/fastllm_input.py (installed beside this
+script): each must be a regular file (a FIFO, folder or device is refused
+without blocking), no larger than its kind allows, and JSON nested at most
+64 levels. Every bound below is checked before the loop it limits; any
+malformed input, a value of the wrong type in any field read included, is
+one line `fastllm-plot: error: ...` on standard error and exit status 1,
+never a traceback.
+  metrics   at most 256 MiB and 1,048,576 lines of at most 64 KiB each;
+            steps from 0 to 2^53
+  memory    at most 16 MiB and 1,048,576 JSON arrays and objects;
+            data_parallel 1 to 2^31 - 1, zero_stage 0 to 3, byte counts up
+            to 2^60, at most 64 memory_per_rank entries
+  trace     at most 32 MiB, 3,145,728 JSON arrays and objects and 1,048,576
+            events, on at most 256 tracks (rank and thread pairs); ts and
+            dur finite, within 10^15 us, dur >= 0;
+            pid and tid integers or strings, names strings of at most 200
+            characters
 """
 import argparse
 import json
@@ -29,6 +49,30 @@ import sys
 import tempfile
 
 PROG = "fastllm-plot"
+
+try:  # beside this script: tools/, build/bin or PREFIX/bin
+    import fastllm_input
+    from fastllm_input import InputError, JsonError
+except ImportError as e:
+    sys.exit(f"{PROG}: error: cannot import fastllm_input, which belongs "
+             f"beside {os.path.realpath(__file__)}: {e}")
+
+# The bounds on what is read (the module docstring; docs/INPUT_SAFETY.md).
+MAX_METRICS_BYTES = 256 << 20
+MAX_METRICS_LINES = 1 << 20
+MAX_LINE_BYTES = 64 << 10
+MAX_STEP = 1 << 53  # steps stay exact as the doubles they are drawn as
+MAX_PLAN_BYTES = 16 << 20
+MAX_PLAN_CONTAINERS = 1 << 20  # JSON arrays and objects
+MAX_DATA_PARALLEL = (1 << 31) - 1  # MPI's world size is an int
+MAX_RANK_BARS = 32  # more ranks: one bar stands for each (all are equal)
+MAX_FIGURE_BYTES = 1 << 60
+MAX_MEMORY_KEYS = 64
+MAX_TRACE_BYTES = 32 << 20
+MAX_TRACE_EVENTS = 1 << 20
+MAX_TRACKS = 256
+MAX_TIME_US = 1e15
+MAX_NAME = 200
 
 
 class PlotError(Exception):
@@ -60,8 +104,11 @@ def number(value, path, line, field):
     """`value` as a float (NaN and infinities included); a bool or a
     non-number is an error naming the line."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PlotError(f"{path}:{line}: \"{field}\" is {json.dumps(value)}, "
-                        "not a number")
+        shown = json.dumps(value)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        raise PlotError(f"{path}:{line}: \"{field}\" is {shown}, not a "
+                        "number")
     try:
         return float(value)
     except OverflowError:  # an integer beyond a double's range
@@ -74,33 +121,65 @@ def read_metrics(path):
     twice (a resumed run appends from its checkpoint) keeps its last line."""
     series = {field: {} for field, _, _ in SERIES}
     skipped = {}
-    try:
-        lines = open(path, encoding="utf-8").read().split("\n")
-    except (OSError, UnicodeDecodeError) as e:
-        raise PlotError(f"cannot read '{path}': {getattr(e, 'strerror', e)}")
-    for n, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PlotError(f"{path}:{n}: not JSON: {e.msg} (column {e.colno})")
-        if not isinstance(record, dict):
-            raise PlotError(f"{path}:{n}: not a JSON object")
-        step = record.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise PlotError(f"{path}:{n}: no \"step\" (a non-negative integer)")
-        for field in series:
-            if field in record:
-                series[field][step] = number(record[field], path, n, field)
-        if "skipped" in record:
-            if not isinstance(record["skipped"], bool):
-                raise PlotError(f"{path}:{n}: \"skipped\" is not true or false")
-            skipped[step] = record["skipped"]
+    with fastllm_input.open_input(path, MAX_METRICS_BYTES,
+                                  "a metrics file") as f:
+        for n, text in f.lines(MAX_METRICS_LINES, MAX_LINE_BYTES):
+            if text.strip():
+                read_record(path, n, text, series, skipped)
     if not any(series.values()):
         raise PlotError(f"'{path}' has no step with a loss, validation loss, "
                         "learning rate or gradient norm")
     return series, sorted(s for s, flag in skipped.items() if flag)
+
+
+def json_error(where, e):
+    """PlotError of JsonError `e` at `where` ("FILE:LINE")."""
+    if e.lineno is not None:
+        return PlotError(f"{where}: not JSON: {e.msg} (column {e.colno})")
+    return PlotError(f"{where}: {e.msg}")
+
+
+def read_record(path, n, text, series, skipped):
+    """Line `n` of metrics file `path` into `series` and `skipped`."""
+    try:
+        record = fastllm_input.loads(text)
+    except JsonError as e:
+        raise json_error(f"{path}:{n}", e)
+    if not isinstance(record, dict):
+        raise PlotError(f"{path}:{n}: not a JSON object")
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or \
+            not 0 <= step <= MAX_STEP:
+        raise PlotError(f"{path}:{n}: no \"step\" (an integer from 0 to "
+                        "2^53)")
+    for field in series:
+        if field in record:
+            series[field][step] = number(record[field], path, n, field)
+    if "skipped" in record:
+        if not isinstance(record["skipped"], bool):
+            raise PlotError(f"{path}:{n}: \"skipped\" is not true or false")
+        skipped[step] = record["skipped"]
+
+
+MAX_MARKS = 4000  # lines marking steps, per panel and run
+
+
+def mark(ax, steps, **style):
+    """Lines across `ax` at `steps` (sorted), drawn as one collection; of
+    more than MAX_MARKS steps (a file may mark a million), one line per
+    1/MAX_MARKS of their range, which no picture tells apart. The steps
+    count in the x axis's range."""
+    if not steps:
+        return
+    if len(steps) > MAX_MARKS:
+        lo, width = steps[0], (steps[-1] - steps[0]) / MAX_MARKS
+        steps = list({int((s - lo) // width): s for s in steps}.values())
+    from matplotlib.collections import LineCollection
+    ax.add_collection(LineCollection([[(s, 0), (s, 1)] for s in steps],
+                                     transform=ax.get_xaxis_transform(),
+                                     **style), autolim=False)
+    ax.update_datalim([(min(steps), 0), (max(steps), 0)], updatey=False)
+    ax.autoscale_view(scaley=False)
 
 
 def draw_metrics(args, plt):
@@ -126,16 +205,14 @@ def draw_metrics(args, plt):
                     marker="o" if field == "val_loss" else None,
                     markersize=3,
                     label=label + (f" ({name})" if name else ""))
-            for s in bad:
-                axes[panel].axvline(s, color="black", linestyle=":",
-                                    linewidth=0.8)
+            mark(axes[panel], bad, colors="black", linestyles=":",
+                 linewidths=0.8)
             if args.print:
                 print(f"{path}: {field}: {len(finite)} points"
                       + (f", {len(bad)} not finite at steps "
                          + ",".join(map(str, bad)) if bad else ""))
-        for s in skipped:
-            for ax in axes:
-                ax.axvline(s, color="red", alpha=0.35, linewidth=1)
+        for ax in axes:
+            mark(ax, skipped, colors="red", alpha=0.35, linewidths=1)
         if skipped:
             axes[2].plot([], [], color="red", alpha=0.35,
                          label="skipped step" + (f" ({name})" if name else ""))
@@ -180,27 +257,35 @@ NOT_PARTS = {"total_bytes", "activations_unshared_bytes"}
 OTHER = ("other_bytes", "other (the arena's rest)")
 
 
-def integer(obj, key, where):
+def integer(obj, key, where, low=0, high=MAX_FIGURE_BYTES):
+    """obj[key], an integer from `low` to `high`."""
     value = obj.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise PlotError(f"{where}: \"{key}\" is missing or not a "
                         "non-negative integer")
+    if not low <= value <= high:
+        raise PlotError(f"{where}: \"{key}\" is {value}, not from {low} to "
+                        f"{high}")
     return value
 
 
-def read_json(path, what):
-    """The JSON document in `path`; a missing, binary or malformed file is a
-    PlotError naming it (and the line), `what` saying what it should be."""
+def read_json(path, what, max_bytes, max_containers):
+    """The JSON document in `path`, at most `max_bytes` with at most
+    `max_containers` arrays and objects; a missing, binary or malformed file
+    is a PlotError naming it (and the line), `what` saying what it should
+    be."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise PlotError(f"cannot read '{path}': {e.strerror}")
-    except UnicodeDecodeError:
-        raise PlotError(f"'{path}' is not text (not {what})")
-    except json.JSONDecodeError as e:
-        raise PlotError(f"{path}:{e.lineno}: not JSON: {e.msg} "
-                        f"(column {e.colno})")
+        data = fastllm_input.read_input(path, max_bytes, what)
+        if b"\0" in data:
+            raise PlotError(f"'{path}' is not text (not {what})")
+        return fastllm_input.loads(data, max_containers=max_containers)
+    except JsonError as e:
+        if e.lineno is not None:
+            raise PlotError(f"{path}:{e.lineno}: not JSON: {e.msg} "
+                            f"(column {e.colno})")
+        raise PlotError(f"'{path}' is not {what}: {e.msg}")
+    except InputError as e:
+        raise PlotError(str(e))
 
 
 def read_plan(path):
@@ -209,20 +294,30 @@ def read_plan(path):
     from the weight buffers that include them (the trainable rest keyed
     weight_buffers_trainable_bytes); the parts must not exceed
     the total, and what the total holds beyond them is drawn as "other"."""
-    root = read_json(path, "a plan.json")
+    root = read_json(path, "a plan.json", MAX_PLAN_BYTES, MAX_PLAN_CONTAINERS)
     if not isinstance(root, dict) or not isinstance(root.get("plan"), dict) \
             or not isinstance(root.get("memory_per_rank"), dict):
         raise PlotError(f"'{path}' has no \"plan\" and \"memory_per_rank\" "
                         "objects: not the plan.json of `fastllm-opt compile`")
     plan, memory = root["plan"], root["memory_per_rank"]
     where = f"{path}: plan"
-    stage = integer(plan, "zero_stage", where)
-    dp = integer(plan, "data_parallel", where)
-    if dp < 1:
-        raise PlotError(f"{where}: \"data_parallel\" is 0")
-    frozen = integer(plan, "frozen_elements", where) * 4
+    stage = integer(plan, "zero_stage", where, 0, 3)
+    dp = integer(plan, "data_parallel", where, 1, MAX_DATA_PARALLEL)
+    frozen = integer(plan, "frozen_elements", where, 0,
+                     MAX_FIGURE_BYTES // 4) * 4
     where = f"{path}: memory_per_rank"
+    if len(memory) > MAX_MEMORY_KEYS:
+        raise PlotError(f"{where}: {len(memory)} entries, more than the "
+                        f"{MAX_MEMORY_KEYS} drawn")
+    for key in memory:
+        if len(key) > MAX_NAME:
+            raise PlotError(f"{where}: a key of {len(key)} characters, more "
+                            f"than {MAX_NAME}")
     total = integer(memory, "total_bytes", where)
+    target = root.get("target", "?")
+    if not isinstance(target, str) or len(target) > MAX_NAME:
+        raise PlotError(f"'{path}': \"target\" is not a string of at most "
+                        f"{MAX_NAME} characters")
     known = {key for key, _ in PARTS} | {"weight_buffers_bytes"}
     parts = []
     for key, label in PARTS:
@@ -247,7 +342,7 @@ def read_plan(path):
         raise PlotError(f"{where}: the parts add up to {total - rest} B, more "
                         f"than total_bytes ({total} B)")
     parts.append((*OTHER, rest))
-    return stage, dp, root.get("target", "?"), parts, total
+    return stage, dp, target, parts, total
 
 
 def unit(nbytes):
@@ -270,25 +365,31 @@ def draw_memory(args, plt):
         plt.get_cmap("tab10").colors))
     extra = iter(plt.get_cmap("Set3").colors)
     for ax, (path, stage, dp, target, parts, total) in zip(axes, plans):
-        for rank in range(dp):
-            bottom = 0
-            for key, label, value in parts:
-                if key not in colors:
-                    colors[key] = next(extra, "grey")
-                if value:
-                    ax.bar(rank, value / size, bottom=bottom / size,
-                           color=colors[key], label=label, width=0.7,
-                           edgecolor="white", linewidth=0.5)
-                bottom += value
-            ax.text(rank, total / size, f"{total / size:.2f}",
+        # Every rank holds the same arena: a bar per rank up to
+        # MAX_RANK_BARS ranks, else one bar standing for each of them.
+        bars = dp if dp <= MAX_RANK_BARS else 1
+        names = ([f"rank {r}" for r in range(bars)] if bars == dp
+                 else [f"each of {dp} ranks"])
+        bottom = 0
+        for key, label, value in parts:
+            if key not in colors:
+                colors[key] = next(extra, "grey")
+            if value:
+                ax.bar(range(bars), [value / size] * bars,
+                       bottom=[bottom / size] * bars, color=colors[key],
+                       label=label, width=0.7, edgecolor="white",
+                       linewidth=0.5)
+            bottom += value
+        for x, name_ in enumerate(names):
+            ax.text(x, total / size, f"{total / size:.2f}",
                     ha="center", va="bottom", fontsize="small")
             if args.print:
-                print(f"{path}: rank {rank}: "
+                print(f"{path}: {name_}: "
                       + " ".join(f"{key}={value}" for key, _, value in parts)
                       + f" total={bottom}")
-        ax.set_xticks(range(dp))
-        ax.set_xticklabels([f"rank {r}" for r in range(dp)])
-        ax.set_xlim(-0.6, dp - 0.4)
+        ax.set_xticks(range(bars))
+        ax.set_xticklabels(names)
+        ax.set_xlim(-0.6, bars - 0.4)
         ax.set_title(f"ZeRO-{stage}, dp {dp}\n{short(path)}",
                      fontsize="medium")
         ax.grid(True, axis="y", alpha=0.3)
@@ -314,38 +415,117 @@ def draw_memory(args, plt):
 
 # --- trace -------------------------------------------------------------------
 
+def track_id(e, key, where):
+    """e[key] ("pid" or "tid"): an integer, or a string of at most MAX_NAME
+    characters."""
+    value = e.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and \
+            abs(value) <= MAX_STEP:
+        return value
+    if isinstance(value, str) and len(value) <= MAX_NAME:
+        return value
+    raise PlotError(f"{where}: \"{key}\" is not an integer (up to 2^53) or a "
+                    f"string of at most {MAX_NAME} characters")
+
+
+def microseconds(e, key, where):
+    """e[key] ("ts" or "dur"), a finite number within MAX_TIME_US."""
+    value = e.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not -MAX_TIME_US <= value <= MAX_TIME_US:
+        raise PlotError(f"{where}: \"{key}\" is not a number of microseconds "
+                        "within 10^15")
+    return float(value)
+
+
 def read_trace(path):
-    """{rank: {track name: [(start us, duration us, name, args)]}} of the
+    """{rank: {track name: [(start us, duration us, name, phase)]}} of the
     complete ("X") events of a `train --trace` file, with the tracks' names
     from its thread_name metadata; the file's first event is time 0."""
-    root = read_json(path, "a trace")
+    root = read_json(path, "a trace", MAX_TRACE_BYTES,
+                     3 * MAX_TRACE_EVENTS)
     events = root.get("traceEvents") if isinstance(root, dict) else None
     if not isinstance(events, list):
         raise PlotError(f"'{path}' has no \"traceEvents\" list: not the "
                         "trace of `train --trace`")
-    names, spans = {}, []
+    if len(events) > MAX_TRACE_EVENTS:
+        raise PlotError(f"'{path}' holds {len(events)} events, more than the "
+                        f"{MAX_TRACE_EVENTS} drawn (trace fewer steps: train "
+                        "--trace-steps)")
+    names, spans, keys = {}, [], set()
     for i, e in enumerate(events):
+        where = f"{path}: event {i}"
         if not isinstance(e, dict):
-            raise PlotError(f"{path}: event {i} is not an object")
-        key = (e.get("pid"), e.get("tid"))
-        if e.get("ph") == "M" and e.get("name") == "thread_name":
-            names[key] = str((e.get("args") or {}).get("name", key[1]))
-        elif e.get("ph") == "X":
-            ts, dur = e.get("ts"), e.get("dur")
-            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or \
-                    isinstance(dur, bool) or not isinstance(dur, (int, float)):
-                raise PlotError(f"{path}: event {i} has no numeric ts and dur")
-            spans.append((key, float(ts), float(dur), str(e.get("name", "")),
-                          e.get("args") or {}))
+            raise PlotError(f"{where} is not an object")
+        ph = e.get("ph")
+        if ph == "M" and e.get("name") == "thread_name":
+            key = (track_id(e, "pid", where), track_id(e, "tid", where))
+            a = e.get("args", {})
+            name = a.get("name", str(key[1])) if isinstance(a, dict) else None
+            if not isinstance(name, str) or len(name) > MAX_NAME:
+                raise PlotError(f"{where}: a thread_name without an \"args\" "
+                                f"object whose \"name\" is a string of at "
+                                f"most {MAX_NAME} characters")
+            names[key] = name
+        elif ph == "X":
+            key = (track_id(e, "pid", where), track_id(e, "tid", where))
+            ts = microseconds(e, "ts", where)
+            dur = microseconds(e, "dur", where)
+            if dur < 0:
+                raise PlotError(f"{where}: \"dur\" is negative")
+            name, a = e.get("name", ""), e.get("args", {})
+            if not isinstance(name, str):
+                raise PlotError(f"{where}: \"name\" is not a string")
+            if not isinstance(a, dict):
+                raise PlotError(f"{where}: \"args\" is not an object")
+            phase = a.get("phase")
+            if phase is not None and not isinstance(phase, str):
+                raise PlotError(f"{where}: \"args\".\"phase\" is not a string")
+            keys.add(key)
+            if len(keys) > MAX_TRACKS:
+                raise PlotError(f"'{path}' has spans on more than {MAX_TRACKS}"
+                                " tracks (rank and thread pairs), more than "
+                                "are drawn")
+            spans.append((key, ts, dur, name, phase))
     if not spans:
         raise PlotError(f"'{path}' holds no complete events to draw")
     t0 = min(ts for _, ts, *_ in spans)
     ranks = {}
-    for (pid, tid), ts, dur, name, a in spans:
+    for (pid, tid), ts, dur, name, phase in spans:
         track = names.get((pid, tid), f"track {tid}")
         ranks.setdefault(pid, {}).setdefault(track, []).append(
-            (ts - t0, dur, name, a))
+            (ts - t0, dur, name, phase))
     return ranks
+
+
+def merged(bars, gap):
+    """(start, width) bars, sorted, with those less than `gap` apart joined:
+    no picture tells them apart, and a row draws at most about MAX_MARKS."""
+    out = []
+    for start, width in sorted(bars):
+        if out and start <= out[-1][1] + gap:
+            out[-1][1] = max(out[-1][1], start + width)
+        else:
+            out.append([start, start + width])
+    return [(a, b - a) for a, b in out]
+
+
+def bars_patch(bars, y, color):
+    """The (start, width) bars of row `y` as one patch: a compound path of
+    rectangles, built with numpy rather than a polygon per bar."""
+    import numpy as np
+    from matplotlib.patches import PathPatch
+    from matplotlib.path import Path
+    a = np.asarray(bars, dtype=float).reshape(-1, 2)
+    x0, x1 = a[:, 0], a[:, 0] + a[:, 1]
+    y0, y1 = np.full_like(x0, y - 0.4), np.full_like(x0, y + 0.4)
+    verts = np.stack([np.stack(p, axis=1) for p in
+                      ((x0, y0), (x1, y0), (x1, y1), (x0, y1), (x0, y0))],
+                     axis=1).reshape(-1, 2)
+    codes = np.tile(np.array([Path.MOVETO, Path.LINETO, Path.LINETO,
+                              Path.LINETO, Path.CLOSEPOLY], dtype=Path.code_type),
+                    len(a))
+    return PathPatch(Path(verts, codes), facecolor=color, linewidth=0)
 
 
 def draw_trace(args, plt):
@@ -363,22 +543,32 @@ def draw_trace(args, plt):
     fig, ax = plt.subplots(figsize=args.size, dpi=args.dpi,
                            layout="constrained")
     colors = {"forward": "tab:blue", "backward": "tab:orange"}
+    end = max(start + dur for _, _, spans in rows for start, dur, *_ in spans)
+    gap = end / 1000 / MAX_MARKS  # ms: closer spans merge, as in the picture
     for y, (rank, track, spans) in enumerate(rows):
-        for start, dur, name, a in spans:
+        by_color = {}  # one collection per colour and row
+        for start, dur, name, phase in spans:
             if track == "compute":
-                color = colors.get(a.get("phase"), "tab:gray")
+                color = colors.get(phase, "tab:gray")
             elif track == "step":
                 if name in ("step", "micro_batch"):
                     continue  # the row shows what happens inside them
                 color = "tab:purple" if name == "optimizer" else "tab:gray"
             else:
                 color = "tab:green" if "gather" in track else "tab:red"
-            ax.broken_barh([(start / 1000, max(dur, 0.5) / 1000)],
-                           (y - 0.4, 0.8), facecolors=color, linewidth=0)
+            by_color.setdefault(color, []).append(
+                (start / 1000, max(dur, 0.5) / 1000))
+        for color, bars in by_color.items():
+            bars = merged(bars, gap)
+            # add_patch would walk every segment of the path for the limits
+            ax.add_artist(bars_patch(bars, y, color))
+            ax.update_datalim([(bars[0][0], y - 0.4),
+                               (max(a + w for a, w in bars), y + 0.4)])
         if args.print:
             busy = sum(d for _, d, *_ in spans)
             print(f"{path}: rank {rank}: {track}: {len(spans)} spans, "
                   f"{busy:.1f} us")
+    ax.autoscale_view()  # the limits of the artists added
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"rank {r}: {t}" for r, t, _ in rows])
     ax.invert_yaxis()
@@ -520,8 +710,11 @@ def main(argv):
                 "trace": draw_trace}[args.command]
         fig = draw(args, plt)
         save(fig, args.output, fmt)
-    except PlotError as e:
+    except (PlotError, InputError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except MemoryError:  # a last resort: the bounds above should prevent it
+        print(f"{PROG}: error: out of memory", file=sys.stderr)
         return 1
     print(f"wrote '{args.output}'")
     return 0

@@ -42,13 +42,39 @@ needed here.) What this loader does with `model` given:
     tools/fastllm_export.py to keep every name).
 Without `model`, the file's tensors are returned under the file's names, with
 a warning listing generated names.
+
+Errors. Every problem with a file, `path` or `initial`, raises WeightsError (a
+ValueError) naming it, never another exception: one that does not exist or
+cannot be read; one that is not a regular file (a FIFO, a folder, a device
+such as /dev/zero: refused without blocking or reading, through
+tools/fastllm_input.py, beside this file); and one that is not valid
+safetensors. Checked before any tensor's bytes are read or allocated:
+  - the header length (the first 8 bytes) fits the file and is at most
+    100 MiB (the reference implementation's limit);
+  - the header is UTF-8 JSON nested at most 64 levels, with at most
+    1,048,576 arrays and objects and 4,194,304 values (16 per tensor at the
+    most tensors: Python's objects for 100 MiB of `[],` would take 3 GB),
+    an object without duplicate keys, of at most 262,144 tensors;
+    __metadata__, if present, maps strings to strings;
+  - each tensor has a known dtype (a string), a shape of at most 32
+    non-negative integer dimensions whose element count matches its byte
+    range exactly, and data_offsets [begin, end] within the data;
+  - no two tensors' byte ranges overlap, so the bytes read add up to at most
+    the file's size (read in chunks of 4 MiB).
+BOOL tensors must hold only bytes 0 and 1.
 """
-import json
 import os
 import struct
+import sys
 import warnings
 
 import torch
+
+try:  # tools/fastllm_input.py, beside this file
+    import fastllm_input
+except ImportError:
+    sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+    import fastllm_input
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
@@ -56,17 +82,34 @@ _DTYPES = {
     "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
 }
 _MAX_HEADER = 100 << 20  # the reference implementation's limit
+_MAX_TENSORS = 1 << 18
+_MAX_DIMS = 32
 
 
 class WeightsError(ValueError):
-    """The file is not valid safetensors, or does not fit the model."""
+    """The file cannot be read, is not valid safetensors, or does not fit
+    the model; the message names it."""
+
+
+def _shown(name):
+    """A tensor name for a message: quoted, and cut to 200 characters."""
+    return repr(name) if len(name) <= 200 else repr(name[:200]) + "..."
+
+
+def _listed(names, most=20):
+    """Names for a message: the first `most`, and how many more."""
+    names = list(names)
+    text = ", ".join(n if len(n) <= 200 else n[:200] + "..."
+                     for n in names[:most])
+    return text + (f" and {len(names) - most} more"
+                   if len(names) > most else "")
 
 
 def _no_duplicates(pairs):
     out = {}
     for key, value in pairs:
         if key in out:
-            raise WeightsError(f"duplicate key {key!r} in the header")
+            raise fastllm_input.JsonError(f"duplicate key {_shown(key)}")
         out[key] = value
     return out
 
@@ -74,64 +117,105 @@ def _no_duplicates(pairs):
 def _entry(path, name, e, data_bytes):
     """(dtype, shape, begin, end) of header entry `name`, checked."""
     def bad(what):
-        return WeightsError(f"{path}: tensor {name!r} {what}")
+        return WeightsError(f"{path}: tensor {_shown(name)} {what}")
     if not isinstance(e, dict):
         raise bad("is not a JSON object")
-    dtype = _DTYPES.get(e.get("dtype"))
+    dtype_name = e.get("dtype")
+    dtype = _DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
     if dtype is None:
-        raise bad(f"has dtype {e.get('dtype')!r}, not one of {sorted(_DTYPES)}")
+        shown = (f"of type {type(dtype_name).__name__}"
+                 if not isinstance(dtype_name, str) else repr(dtype_name)
+                 if len(dtype_name) <= 20 else "(a long string)")
+        raise bad(f"has dtype {shown}, not one of {sorted(_DTYPES)}")
     shape, offsets = e.get("shape"), e.get("data_offsets")
-    if not isinstance(shape, list) or not all(
-            type(d) is int and d >= 0 for d in shape):
-        raise bad("has no shape of non-negative integers")
+    if not isinstance(shape, list) or len(shape) > _MAX_DIMS or not all(
+            type(d) is int and 0 <= d < 1 << 63 for d in shape):
+        raise bad(f"has no shape of at most {_MAX_DIMS} non-negative "
+                  "integers (below 2^63)")
     if not (isinstance(offsets, list) and len(offsets) == 2
             and all(type(o) is int for o in offsets)
             and 0 <= offsets[0] <= offsets[1] <= data_bytes):
-        raise bad(f"has data_offsets {offsets!r}, not a range within the "
+        shown = repr(offsets) if isinstance(offsets, list) and \
+            len(offsets) == 2 and all(type(o) is int for o in offsets) \
+            else "that are not two integers"
+        raise bad(f"has data_offsets {shown}, not a range within the "
                   f"{data_bytes} data bytes")
-    numel = 1
-    for d in shape:
-        numel *= d
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if numel * itemsize != offsets[1] - offsets[0]:
+    nbytes = 0 if 0 in shape else itemsize
+    for d in shape:  # stops once past the range: no product of 2^63s
+        nbytes *= d
+        if nbytes > offsets[1] - offsets[0]:
+            break
+    if nbytes != offsets[1] - offsets[0]:
         raise bad(f"has {offsets[1] - offsets[0]} data bytes, which do not "
-                  f"hold {e['dtype']} of shape {shape}")
+                  f"hold {dtype_name} of shape {shape}")
     return dtype, shape, offsets[0], offsets[1]
 
 
 def read_safetensors(path):
     """(tensors, metadata): the file's tensors by name, in file order, and its
-    __metadata__ (a dict of strings). Raises WeightsError on a malformed
-    file."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            raise WeightsError(f"{path}: not a safetensors file (too short)")
-        (header_bytes,) = struct.unpack("<Q", f.read(8))
-        if header_bytes > min(size - 8, _MAX_HEADER):
-            raise WeightsError(f"{path}: not a safetensors file (header length "
-                               f"{header_bytes} does not fit its {size} bytes)")
-        try:
-            header = json.loads(f.read(header_bytes).decode("utf-8"),
-                                object_pairs_hook=_no_duplicates)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise WeightsError(f"{path}: malformed safetensors header: {e}")
-        if not isinstance(header, dict):
-            raise WeightsError(f"{path}: the header is not a JSON object")
-        metadata = header.pop("__metadata__", {})
-        if not isinstance(metadata, dict):
-            raise WeightsError(f"{path}: __metadata__ is not a JSON object")
-        data_bytes = size - 8 - header_bytes
-        tensors = {}
-        for name, e in header.items():
-            dtype, shape, begin, end = _entry(path, name, e, data_bytes)
-            f.seek(8 + header_bytes + begin)
-            raw = bytearray(f.read(end - begin))
-            if len(raw) != end - begin:
-                raise WeightsError(f"{path}: tensor {name!r} ends past the file")
-            t = (torch.frombuffer(raw, dtype=dtype) if raw
-                 else torch.empty(0, dtype=dtype))
-            tensors[name] = t.reshape(shape)
+    __metadata__ (a dict of strings). Raises WeightsError on a file that
+    cannot be read or is malformed (the module docstring lists the checks)."""
+    try:
+        with fastllm_input.open_input(path) as f:
+            return _read_safetensors(path, f)
+    except fastllm_input.InputError as e:
+        raise WeightsError(str(e)) from None
+
+
+def _read_safetensors(path, f):
+    size = f.size
+    if size < 8:
+        raise WeightsError(f"{path}: not a safetensors file (too short)")
+    (header_bytes,) = struct.unpack("<Q", f.read(0, 8))
+    if header_bytes > _MAX_HEADER:
+        raise WeightsError(f"{path}: not a safetensors file (header length "
+                           f"{header_bytes}, more than the 100 MiB allowed)")
+    if header_bytes > size - 8:
+        raise WeightsError(f"{path}: not a safetensors file (header length "
+                           f"{header_bytes} does not fit its {size} bytes)")
+    try:
+        header = fastllm_input.loads(f.read(8, header_bytes),
+                                     object_pairs_hook=_no_duplicates,
+                                     max_containers=4 * _MAX_TENSORS,
+                                     max_values=16 * _MAX_TENSORS)
+    except fastllm_input.JsonError as e:
+        where = f" (line {e.lineno}, column {e.colno})" if e.lineno else ""
+        raise WeightsError(f"{path}: malformed safetensors header: "
+                           f"{e.msg}{where}") from None
+    if not isinstance(header, dict):
+        raise WeightsError(f"{path}: the header is not a JSON object")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(
+            isinstance(v, str) for v in metadata.values()):
+        raise WeightsError(f"{path}: __metadata__ is not a JSON object of "
+                           "strings")
+    if len(header) > _MAX_TENSORS:
+        raise WeightsError(f"{path}: {len(header)} tensors, more than the "
+                           f"{_MAX_TENSORS} read")
+    data_bytes = size - 8 - header_bytes
+    entries = [(name, *_entry(path, name, e, data_bytes))
+               for name, e in header.items()]
+    # Each tensor's bytes are its own (as runtime/Safetensors.cpp checks):
+    # overlapping ranges would load as aliases, and their sum could exceed
+    # the file. Empty ranges hold no bytes.
+    ranges = sorted((begin, end, name) for name, _, _, begin, end in entries
+                    if end > begin)
+    for (b0, e0, n0), (b1, e1, n1) in zip(ranges, ranges[1:]):
+        if b1 < e0:
+            raise WeightsError(f"{path}: tensors {_shown(n0)} and "
+                               f"{_shown(n1)} overlap in "
+                               f"the file (bytes {b0}..{e0} and {b1}..{e1} of "
+                               "the data)")
+    tensors = {}
+    for name, dtype, shape, begin, end in entries:
+        raw = f.read(8 + header_bytes + begin, end - begin)
+        if dtype is torch.bool and raw.translate(None, b"\0\1"):
+            raise WeightsError(f"{path}: tensor {_shown(name)} (BOOL) holds "
+                               "bytes other than 0 and 1")
+        t = (torch.frombuffer(raw, dtype=dtype) if raw
+             else torch.empty(0, dtype=dtype))
+        tensors[name] = t.reshape(shape)
     return tensors, metadata
 
 
@@ -191,7 +275,7 @@ def load_state_dict(path, model=None, initial=None):
         if generated:
             warnings.warn(f"{path}: {len(generated)} tensor(s) under the "
                           f"exporter's generated names, which no PyTorch "
-                          f"module has: {', '.join(generated)}")
+                          f"module has: {_listed(generated)}")
         return dict(tensors)
 
     own = model.state_dict()
@@ -202,7 +286,7 @@ def load_state_dict(path, model=None, initial=None):
     if unknown:
         raise WeightsError(
             f"{path}: tensor(s) the model has no name for: "
-            f"{', '.join(unknown)}"
+            f"{_listed(unknown)}"
             + (" (generated names: constant folding removed their PyTorch "
                "names and `compile` could not tell their module; pass "
                "initial=RUN/weights.safetensors with the model as exported to "
@@ -224,7 +308,7 @@ def load_state_dict(path, model=None, initial=None):
     missing = [n for n in own if n not in out and n in parameters]
     if missing:
         raise WeightsError(f"{path}: no tensor for the model's parameter(s) "
-                           f"{', '.join(missing)}")
+                           f"{_listed(missing)}")
     for name in own:
         if name not in out:  # a buffer: constant in fastllm's training
             out[name] = own[name].detach().clone()
