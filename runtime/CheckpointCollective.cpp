@@ -8,11 +8,13 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/Checkpoint.h"
+#include "runtime/InputFile.h"
 #include "runtime/OutputFile.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,10 +52,29 @@ Status fastllm::rt::saveCheckpoint(Communicator &comm, const std::string &dir,
   }
   comm.barrier(); // the folder exists and holds no stale manifest
 
+  // Every rank writes through its own descriptor of the step folder, opened
+  // without following a symlink (its files named /proc/self/fd/N/...): a
+  // folder swapped for a symlink after rank 0's check cannot redirect them.
+  int folderFd = ::open(folder.c_str(),
+                        O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (folderFd < 0)
+    return errorf("checkpoint folder '%s': cannot open it as a folder of its "
+                  "own: %s (nothing was written)",
+                  folder.c_str(), std::strerror(errno));
+  InputFd folderGuard(folderFd);
+  const std::string via = "/proc/self/fd/" + std::to_string(folderFd);
+  // Errors name the folder as the user knows it.
+  auto shown = [&](const Status &s) {
+    std::string text = s.message();
+    for (size_t at; (at = text.find(via)) != std::string::npos;)
+      text.replace(at, via.size(), folder);
+    return Status::error(text);
+  };
+
   Expected<ShardRecord> mine = writeShard(
-      folder + "/" + shardFileName(comm.rank()), comm.rank(), m.step, regions);
+      via + "/" + shardFileName(comm.rank()), comm.rank(), m.step, regions);
   if (!mine)
-    return mine.status(); // the peers wait below until the job is aborted
+    return shown(mine.status()); // the peers wait below until the job is aborted
   m.dp = comm.size();
   m.shards.assign(comm.size(), ShardRecord());
   comm.allGatherBytes(&*mine, m.shards.data(), sizeof(ShardRecord));
@@ -61,9 +82,9 @@ Status fastllm::rt::saveCheckpoint(Communicator &comm, const std::string &dir,
     return Status();
 
   if (Expected<ShardRecord> done =
-          writeManifestFile(manifestPath, manifestJson(m));
+          writeManifestFile(via + "/manifest.json", manifestJson(m));
       !done)
-    return done.status();
+    return shown(done.status());
   return Status();
 }
 
