@@ -526,7 +526,11 @@ fastllm::rt::listCheckpointSteps(const std::string &dir) {
         std::strspn(name + 5, "0123456789") != std::strlen(name + 5) ||
         std::strlen(name + 5) > 18)
       continue;
-    steps.push_back(std::strtoll(name + 5, nullptr, 10));
+    int64_t step = std::strtoll(name + 5, nullptr, 10);
+    // Only the name train gives a step ("step-00000012"): another spelling
+    // of the same number would count it twice.
+    if (stepFolderName(step) == name)
+      steps.push_back(step);
   }
   closedir(d);
   std::sort(steps.rbegin(), steps.rend());

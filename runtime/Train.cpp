@@ -54,6 +54,35 @@ Status checkOutputPath(const char *flag, const std::string &path) {
   return Status();
 }
 
+/// Why `path` is a file the checkpoint folder `dir` keeps (its lock files,
+/// a step folder or a file in one), or "" when it is not.
+std::string checkpointFolderEntry(const std::string &dir,
+                                  const std::string &path) {
+  struct stat top;
+  if (stat(dir.c_str(), &top) != 0)
+    return ""; // not there yet: nothing in it to clash with
+  auto isDir = [&](const std::string &folder) {
+    struct stat st;
+    return stat(folder.c_str(), &st) == 0 && st.st_dev == top.st_dev &&
+           st.st_ino == top.st_ino;
+  };
+  auto base = [](const std::string &p) {
+    size_t slash = p.find_last_of('/');
+    return slash == std::string::npos ? p : p.substr(slash + 1);
+  };
+  auto isStep = [](const std::string &name) {
+    return name.size() > 5 && name.compare(0, 5, "step-") == 0;
+  };
+  std::string folder = folderOf(path), name = base(path);
+  if (isDir(folder) &&
+      (name.compare(0, std::strlen(kLockFileName), kLockFileName) == 0 ||
+       isStep(name)))
+    return "is the checkpoint folder's own '" + name + "'";
+  if (isStep(base(folder)) && isDir(folderOf(folder)))
+    return "is inside the checkpoint step folder '" + folder + "'";
+  return "";
+}
+
 /// Creates the --checkpoint-dir folder and its parents if needed; it must
 /// end up a writable folder. Then takes the folder's lock for the job and
 /// removes the temporaries of killed saves. A fresh run must not start among
@@ -150,18 +179,54 @@ Fingerprint runFingerprint(const Options &opts, int64_t dataTokens) {
 Status truncateMetrics(const std::string &path, int64_t step) {
   if (std::string why = checkReplaceable(path); !why.empty())
     return Status::error("metrics file: " + why);
-  std::ifstream in(path, std::ios::binary);
+  Expected<OpenedInput> in =
+      openInput(path, "--metrics '" + path + "'", InputOptions());
   if (!in)
-    return Status(); // nothing yet: the resumed run starts the file
-  std::string kept;
-  for (std::string line; std::getline(in, line);) {
-    Expected<JsonValue> v = parseJson(line);
-    const JsonValue *s = v ? v->get("step") : nullptr;
-    std::optional<uint64_t> n = s ? s->asUint64() : std::nullopt;
-    if (in.eof() || !n || *n > uint64_t(step))
-      break;
-    kept += line + "\n";
+    return notFound(in.status()) ? Status() // the resumed run starts it
+                                 : in.status();
+  // Read a chunk at a time; only the kept lines are held. Every complete
+  // line must be one of a run's metrics lines (a JSON object with a step),
+  // and text after the last newline may only be the start of one, cut
+  // short by a killed run: any other file is the user's and is refused,
+  // never cut.
+  constexpr size_t kMaxLine = size_t(64) << 10;
+  std::string kept, line;
+  std::vector<char> chunk(size_t(1) << 20);
+  int64_t number = 0;
+  bool done = false;
+  auto refuse = [&](const char *why) {
+    return errorf("--metrics '%s' is not this run's metrics file (line %lld "
+                  "%s); it is left as it is: move it away or choose another "
+                  "--metrics",
+                  path.c_str(), (long long)number, why);
+  };
+  for (uint64_t offset = 0; !done && offset < uint64_t(in->size);) {
+    size_t n = size_t(std::min<uint64_t>(chunk.size(), in->size - offset));
+    if (!readAt(in->fd.get(), chunk.data(), n, offset))
+      return errorf("cannot read --metrics '%s'", path.c_str());
+    offset += n;
+    for (size_t i = 0; i < n && !done; ++i) {
+      if (chunk[i] != '\n') {
+        if (line.size() >= kMaxLine)
+          return ++number, refuse("is longer than 64 KiB");
+        line.push_back(chunk[i]);
+        continue;
+      }
+      ++number;
+      Expected<JsonValue> v = parseJson(line);
+      const JsonValue *at = v ? v->get("step") : nullptr;
+      std::optional<uint64_t> lineStep = at ? at->asUint64() : std::nullopt;
+      if (!lineStep)
+        return refuse("is not a metrics line");
+      if (*lineStep > uint64_t(step))
+        done = true; // a later step of this run: dropped with the rest
+      else
+        kept += line + "\n";
+      line.clear();
+    }
   }
+  if (!done && !line.empty() && line[0] != '{')
+    return ++number, refuse("is not a metrics line");
   if (std::string why = writeFileAtomically(path, kept); !why.empty())
     return Status::error("cannot rewrite metrics file: " + why);
   return Status();
@@ -270,6 +335,15 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
         {"--checkpoint-dir", opts.checkpointDir, true}};
     if (std::string clash = distinctPaths(files); !clash.empty())
       return Status::error(clash);
+    // Nor a file the checkpoint folder keeps: its lock, a step folder or
+    // anything in one (a user's own file beside them is fine).
+    if (!opts.checkpointDir.empty())
+      for (const NamedPath &f : files)
+        if (f.output && f.flag != "--checkpoint-dir" && !f.path.empty())
+          if (std::string why = checkpointFolderEntry(opts.checkpointDir, f.path);
+              !why.empty())
+            return errorf("%s '%s' %s; choose another path", f.flag.c_str(),
+                          f.path.c_str(), why.c_str());
   }
   for (Status s : {checkOutputPath("metrics", opts.metricsPath),
                    checkOutputPath("dump-grads", opts.dumpGradsPath),

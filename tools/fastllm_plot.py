@@ -692,6 +692,23 @@ def parse_args(argv):
     return args
 
 
+def check_not_an_input(path, inputs):
+    """The picture may not replace one of the files it is drawn from,
+    --overwrite or not: compared by device and inode (a symlink, `./x`)."""
+    try:
+        out = os.stat(path)
+    except OSError:
+        return  # not there yet: it cannot be an input that exists
+    for name in inputs:
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino):
+            raise PlotError(f"-o '{path}' is the same file as the input '{name}': "
+                            "an output never replaces an input; choose another name")
+
+
 def main(argv):
     args = parse_args(argv)
     try:
@@ -706,6 +723,7 @@ def main(argv):
         formats = plt.figure().canvas.get_supported_filetypes()
         plt.close("all")
         fmt = check_output(args.output, args.overwrite, formats)
+        check_not_an_input(args.output, args.inputs)
         draw = {"metrics": draw_metrics, "memory": draw_memory,
                 "trace": draw_trace}[args.command]
         fig = draw(args, plt)
