@@ -157,7 +157,8 @@ Expected<SafetensorsReader> SafetensorsReader::open(const std::string &path) {
   // as aliases of one another (the format forbids it).
   std::vector<const TensorEntry *> byStart;
   for (const TensorEntry &e : r.entries)
-    byStart.push_back(&e);
+    if (e.end > e.begin) // an empty tensor holds no bytes to share
+      byStart.push_back(&e);
   std::sort(byStart.begin(), byStart.end(),
             [](const TensorEntry *a, const TensorEntry *b) {
               return a->begin < b->begin;
