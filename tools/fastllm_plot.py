@@ -714,6 +714,10 @@ def main(argv):
     try:
         import matplotlib
         matplotlib.use("Agg")
+        # Text from the inputs (file names, trace and plan names, --title)
+        # is drawn as it is: a '$' must not start matplotlib's math
+        # notation, whose parser raises on what it cannot read.
+        matplotlib.rcParams["text.parse_math"] = False
         import matplotlib.pyplot as plt
     except ImportError as e:
         print(f"{PROG}: error: needs matplotlib (Debian: apt-get install "

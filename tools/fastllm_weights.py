@@ -140,6 +140,15 @@ def _entry(path, name, e, data_bytes):
             else "that are not two integers"
         raise bad(f"has data_offsets {shown}, not a range within the "
                   f"{data_bytes} data bytes")
+    # PyTorch multiplies every dim, zeros or not, in 64 bits: an empty
+    # tensor whose other dims overflow that is no tensor it can make (a
+    # non-empty one is held to its byte count below).
+    if 0 in shape:
+        product = 1
+        for d in shape:
+            product *= max(d, 1)
+            if product >= 1 << 63:
+                raise bad(f"has shape {shape}, whose dims multiply past 2^63")
     itemsize = torch.empty((), dtype=dtype).element_size()
     nbytes = 0 if 0 in shape else itemsize
     for d in shape:  # stops once past the range: no product of 2^63s

@@ -33,6 +33,7 @@ Prints PASS/FAIL per case and `python tools hostile: P passed, F failed`.
 """
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -542,6 +543,13 @@ def main():
         h.case("fastllm-plot trace: a 32 MiB trace on 256 tracks draws",
                [PLOT, "trace", path, "-o", p("full.png")], 0, None,
                [f"wrote '{p('full.png')}'"])
+        # Text from the inputs is drawn as text: '$' starts no math.
+        if not list_only:
+            shutil.copy(p("ok.jsonl"), p("run$^^$.jsonl"))
+        h.case("fastllm-plot metrics: '$' in a file name and the title draws",
+               [PLOT, "metrics", p("run$^^$.jsonl"), "-o", p("dollar.png"),
+                "--title", "$\\rule{1}$ $^^^$"], 0, None,
+               [f"wrote '{p('dollar.png')}'"])
         h.case("fastllm-plot metrics: a valid file still draws",
                [PLOT, "metrics", p("ok.jsonl"), "-o", p("ok.png"), "--print"],
                0, None, [f"{p('ok.jsonl')}: loss: 5 points"])
@@ -551,7 +559,6 @@ def main():
         # without it says so.
         alone, installed = p("alone"), p("prefix/bin")
         if not list_only:
-            import shutil
             os.makedirs(alone)
             os.makedirs(installed)
             shutil.copy(PLOT, alone)
@@ -644,6 +651,11 @@ def main():
             weights(f"shape {label}", {"x": dict(entry(), shape=shape)},
                     "@: tensor 'x' has no shape of at most 32 non-negative "
                     "integers (below 2^63)", data=eight)
+        weights("an empty shape whose other dims overflow",
+                {"x": entry(shape=(1 << 62, 1 << 62, 0), offsets=(0, 0))},
+                "@: tensor 'x' has shape [4611686018427387904, "
+                "4611686018427387904, 0], whose dims multiply past 2^63",
+                data=eight)
         weights("elements and bytes differ", {"x": entry(shape=(3,))},
                 "@: tensor 'x' has 8 data bytes, which do not hold F32 of "
                 "shape [3]", data=eight)
