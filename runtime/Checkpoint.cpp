@@ -398,9 +398,14 @@ struct ShardFile {
   }
 };
 
-/// Opens `folder`/`name` into `out`; "" or what is wrong with it.
-std::string openShard(const std::string &folder, const std::string &name,
-                      int64_t expectedBytes, ShardFile &out) {
+/// Opens rank `rank`'s shard of the checkpoint `m` in `folder` into `out`;
+/// "" or what is wrong with it.
+std::string openShard(const std::string &folder, int rank, const Manifest &m,
+                      ShardFile &out) {
+  const std::string name = shardFileName(rank);
+  if (rank < 0 || rank >= int(m.shards.size()))
+    return "the manifest lists no " + name;
+  const int64_t expectedBytes = m.shards[rank].bytes;
   InputOptions options;
   options.noFollow = true;
   options.maxBytes = expectedBytes;
@@ -443,14 +448,11 @@ std::string openShard(const std::string &folder, const std::string &name,
 std::string fastllm::rt::loadShard(const std::string &folder, int rank,
                                    const Manifest &m,
                                    const std::vector<Region> &regions) {
-  std::string name = shardFileName(rank);
-  if (rank >= int(m.shards.size()))
-    return "the manifest lists no " + name;
-  const ShardRecord &expected = m.shards[rank];
+  const std::string name = shardFileName(rank);
   ShardFile shard;
-  if (std::string why = openShard(folder, name, expected.bytes, shard);
-      !why.empty())
+  if (std::string why = openShard(folder, rank, m, shard); !why.empty())
     return why;
+  const ShardRecord &expected = m.shards[rank];
   const int fd = shard.fd.get();
   const std::string &header = shard.header;
   const uint64_t headerBytes = shard.headerBytes;
@@ -775,12 +777,11 @@ std::string fastllm::rt::readMasterShard(const std::string &folder, int rank,
                                          const Manifest &m,
                                          const CheckpointLayout &layout,
                                          float *out) {
-  std::string name = shardFileName(rank);
-  const ShardRecord &expected = m.shards.at(rank);
+  const std::string name = shardFileName(rank);
   ShardFile shard;
-  if (std::string why = openShard(folder, name, expected.bytes, shard);
-      !why.empty())
+  if (std::string why = openShard(folder, rank, m, shard); !why.empty())
     return why;
+  const ShardRecord &expected = m.shards[rank];
   const int fd = shard.fd.get();
   const std::string &header = shard.header;
   const uint64_t headerBytes = shard.headerBytes;
