@@ -699,8 +699,8 @@ int dataMain(int argc, char **argv) {
       cl::value_desc("file"), cl::cat(category));
   cl::opt<int64_t> spTrainVocab(
       "sp-train-vocab-size",
-      cl::desc("Train a SentencePiece model of N pieces on the inputs' lines "
-               "first, and encode with it"),
+      cl::desc("Train a SentencePiece model of N pieces (1 to 1048576) on "
+               "the inputs' lines first, and encode with it"),
       cl::value_desc("N"), cl::init(0), cl::cat(category));
   cl::opt<std::string> spModelOut(
       "sp-model-out",
