@@ -44,6 +44,12 @@ namespace {
 /// Containers may nest 65 deep (a value at depth 64 may be an empty array or
 /// object), as the hand-written parser this replaces allowed.
 constexpr size_t kMaxDepth = 64;
+/// At most this many values (containers, members and elements, the document
+/// itself included): the tree costs about 150 bytes a value, so a text of
+/// tiny values ("[],[],...") would otherwise cost fifty times its length.
+/// Real documents are far below it: a checkpoint manifest holds tens of
+/// values per rank, a safetensors header about ten per tensor.
+constexpr size_t kMaxValues = size_t(1) << 20;
 
 /// A char iterator that records, in `*read`, how many bytes the lexer has
 /// consumed, so that the handler's errors can name a byte position.
@@ -166,8 +172,19 @@ private:
     v.text = std::move(literal);
     return add(std::move(v));
   }
-  /// Places `v` in the innermost open container (or as the document).
-  bool add(JsonValue v) {
+  /// Counts one more value against kMaxValues.
+  bool count() {
+    if (++values <= kMaxValues)
+      return true;
+    return fail(("more than " + std::to_string(kMaxValues) + " JSON values")
+                    .c_str(),
+                0);
+  }
+  /// Places `v` in the innermost open container (or as the document);
+  /// a container was counted when it opened.
+  bool add(JsonValue v, bool counted = false) {
+    if (!counted && !count())
+      return false;
     if (stack.empty()) {
       root = std::move(v);
       return true;
@@ -182,6 +199,8 @@ private:
   bool open(JsonValue::Kind kind) {
     if (stack.size() > kMaxDepth)
       return fail("JSON nested too deeply", 1); // at the bracket itself
+    if (!count())
+      return false;
     stack.emplace_back();
     stack.back().value.kind = kind;
     return true;
@@ -189,10 +208,11 @@ private:
   bool close() {
     JsonValue v = std::move(stack.back().value);
     stack.pop_back();
-    return add(std::move(v));
+    return add(std::move(v), /*counted=*/true);
   }
 
   const size_t *read;
+  size_t values = 0;
   std::vector<Open> stack;
 };
 

@@ -43,8 +43,10 @@ struct JsonValue {
 /// Parses one JSON document (surrounding whitespace allowed, nothing else
 /// after it). Errors give the byte position; a duplicate key in an object is
 /// an error; strings must be valid UTF-8; containers nested more than 65
-/// deep are an error, not a stack overflow. Time and memory are linear in
-/// the text's length.
+/// deep are an error, not a stack overflow; more than 2^20 values (each
+/// container, member and element counts one) are an error, so the tree
+/// stays within about 150 MiB whatever the text. Time is linear in the
+/// text's length.
 Expected<JsonValue> parseJson(std::string_view text);
 
 /// `s` as a JSON string literal, quotes included.

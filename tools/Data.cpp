@@ -92,24 +92,36 @@ constexpr uint64_t kU16Vocabulary = 65536;
 /// The largest vocabulary --sp-train-vocab-size trains (2^20 pieces).
 constexpr int64_t kMaxTrainVocabulary = int64_t(1) << 20;
 
-/// Calls `document` with each document of `path`: the whole file, or with a
-/// JSONL field, that field of every non-empty line. Reports and fails on a
-/// file that cannot be read, a line without a string field, or a false
-/// return from `document` (which reported why).
 /// The longest JSON Lines line read: a document of 256 MiB in one line
 /// (the parse holds about three times the line).
 constexpr size_t kMaxJsonLineBytes = size_t(256) << 20;
 /// The deepest nesting of objects and arrays in a JSON Lines line: the
 /// parser recurses once per level.
 constexpr int kMaxJsonDepth = 64;
+/// The most values (arrays, objects, members, elements) in a JSON Lines
+/// line: the parsed tree costs about 70 bytes a value, so a line of tiny
+/// values ("[],[],...") would otherwise cost twenty times its length.
+constexpr int64_t kMaxJsonValues = int64_t(1) << 20;
 
-/// The deepest nesting of `line`'s objects and arrays (strings skipped),
-/// counted without recursion.
-int jsonDepth(StringRef line) {
-  int depth = 0, deepest = 0;
-  bool inString = false;
+/// How deep `line`'s objects and arrays nest and how many values it holds
+/// (the document, and each element or member of each container), found
+/// without parsing and without recursion: a container holds one more
+/// element than its commas unless it is empty.
+struct JsonShape {
+  int depth = 0;
+  int64_t values = 1;
+};
+JsonShape jsonShape(StringRef line) {
+  JsonShape shape;
+  int depth = 0;
+  bool inString = false, justOpened = false;
   for (size_t i = 0; i < line.size(); ++i) {
     char c = line[i];
+    if (justOpened && c != ' ' && c != '\t' && c != '\r' && c != '\n') {
+      justOpened = false;
+      if (c != ']' && c != '}')
+        ++shape.values;
+    }
     if (inString) {
       if (c == '\\')
         ++i;
@@ -118,12 +130,15 @@ int jsonDepth(StringRef line) {
     } else if (c == '"') {
       inString = true;
     } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
+      shape.depth = std::max(shape.depth, ++depth);
+      justOpened = true;
     } else if (c == '}' || c == ']') {
       --depth;
+    } else if (c == ',') {
+      ++shape.values;
     }
   }
-  return deepest;
+  return shape;
 }
 
 /// Maps the user's file `path` for reading, never blocking on a FIFO nor
@@ -150,6 +165,10 @@ std::unique_ptr<MemoryBuffer> readUserFile(StringRef path, StringRef what,
   return std::move(*buffer);
 }
 
+/// Calls `document` with each document of `path`: the whole file, or with a
+/// JSONL field, that field of every non-empty line. Reports and fails on a
+/// file that cannot be read, a line without a string field, or a false
+/// return from `document` (which reported why).
 bool forEachDocument(StringRef path, StringRef jsonlField,
                      function_ref<bool(StringRef)> document) {
   std::unique_ptr<MemoryBuffer> buffer = readUserFile(path, "input");
@@ -165,10 +184,17 @@ bool forEachDocument(StringRef path, StringRef jsonlField,
                   << "up to " << (kMaxJsonLineBytes >> 20) << " MiB a line\n";
       return false;
     }
-    if (int depth = jsonDepth(*line); depth > kMaxJsonDepth) {
-      dataError() << path << ":" << line.line_number()
-                  << ": JSON nested " << depth << " levels deep (at most "
-                  << kMaxJsonDepth << " are read)\n";
+    JsonShape shape = jsonShape(*line);
+    if (shape.depth > kMaxJsonDepth) {
+      dataError() << path << ":" << line.line_number() << ": JSON nested "
+                  << shape.depth << " levels deep (at most " << kMaxJsonDepth
+                  << " are read)\n";
+      return false;
+    }
+    if (shape.values > kMaxJsonValues) {
+      dataError() << path << ":" << line.line_number() << ": JSON with "
+                  << shape.values << " values (at most " << kMaxJsonValues
+                  << " are read in a line)\n";
       return false;
     }
     Expected<json::Value> value = json::parse(*line);

@@ -79,6 +79,19 @@ TEST(Json, RejectsMalformedText) {
     objects += "{\"a\":";
   EXPECT_EQ(parseJson(objects).status().message(),
             "JSON nested too deeply at byte 325");
+  // 2^20 values (the array counts one) are read; one more is refused where
+  // it starts, so that text of tiny values cannot cost fifty times its size.
+  std::string values = "[";
+  for (int i = 1; i < (1 << 20); ++i)
+    values += i > 1 ? ",0" : "0";
+  values += "]";
+  Expected<JsonValue> most = parseJson(values);
+  ASSERT_TRUE(most.ok()) << most.status().message();
+  EXPECT_EQ(most->array.size(), size_t(1 << 20) - 1);
+  values.insert(values.size() - 1, ",[]");
+  EXPECT_EQ(parseJson(values).status().message(),
+            "more than 1048576 JSON values at byte " +
+                std::to_string(values.size() - 2));
   // 65 levels are allowed, as before.
   EXPECT_TRUE(parseJson(std::string(65, '[') + std::string(65, ']')).ok());
   EXPECT_EQ(parseJson("[1,]").status().message(),
