@@ -47,6 +47,7 @@ import math
 import os
 import sys
 import tempfile
+import warnings
 
 PROG = "fastllm-plot"
 
@@ -73,10 +74,39 @@ MAX_TRACE_EVENTS = 1 << 20
 MAX_TRACKS = 256
 MAX_TIME_US = 1e15
 MAX_NAME = 200
+MAX_TITLE = 400  # characters of a figure's title
+MAX_TITLE_LINES = 4
+MAX_LEGEND = 12  # entries in a metrics panel's legend
+# The largest magnitude of a value drawn: an axis spanning -1e308..1e308
+# overflows matplotlib's arithmetic. Larger ones are marked like NaN.
+MAX_DRAWN = 1e250
 
 
 class PlotError(Exception):
     """A problem with an input or an output, reported as one line."""
+
+
+def check_title(title):
+    """--title as drawn: at most MAX_TITLE characters and MAX_TITLE_LINES
+    lines (a longer one overflows the picture, or matplotlib's raster)."""
+    if title is not None and (len(title) > MAX_TITLE or
+                              title.count("\n") >= MAX_TITLE_LINES):
+        raise PlotError(f"--title has {len(title)} characters in "
+                        f"{title.count(chr(10)) + 1} lines; a title has at "
+                        f"most {MAX_TITLE} in {MAX_TITLE_LINES}")
+
+
+def set_title(fig, args, default):
+    """--title wrapped to the figure's width, or `default` (it lists file
+    names, so it may be long) cut to one line of it."""
+    import textwrap
+    width = max(20, int(args.size[0] * 9))  # characters of the title's font
+    if args.title is not None:
+        fig.suptitle("\n".join(textwrap.fill(line, width) or line
+                               for line in args.title.split("\n")))
+    else:
+        fig.suptitle(default if len(default) <= width
+                     else default[:width - 3] + "...")
 
 
 def short(path):
@@ -164,6 +194,12 @@ def read_record(path, n, text, series, skipped):
 MAX_MARKS = 4000  # lines marking steps, per panel and run
 
 
+def drawable(value):
+    """Whether `value` can be drawn on an axis: finite, and small enough
+    that the axis's range and margins stay finite."""
+    return math.isfinite(value) and abs(value) <= MAX_DRAWN
+
+
 def mark(ax, steps, **style):
     """Lines across `ax` at `steps` (sorted), drawn as one collection; of
     more than MAX_MARKS steps (a file may mark a million), one line per
@@ -194,8 +230,8 @@ def draw_metrics(args, plt):
         name = short(path) if len(runs) > 1 else None
         for field, panel, label in SERIES:
             points = sorted(series[field].items())
-            finite = [(s, v) for s, v in points if math.isfinite(v)]
-            bad = [s for s, v in points if not math.isfinite(v)]
+            finite = [(s, v) for s, v in points if drawable(v)]
+            bad = [s for s, v in points if not drawable(v)]
             if finite:
                 xs, ys = zip(*finite)
                 drawn[panel] += ys
@@ -208,9 +244,15 @@ def draw_metrics(args, plt):
             mark(axes[panel], bad, colors="black", linestyles=":",
                  linewidths=0.8)
             if args.print:
+                nan = [s for s, v in points if not math.isfinite(v)]
+                huge = [s for s, v in points
+                        if math.isfinite(v) and not drawable(v)]
                 print(f"{path}: {field}: {len(finite)} points"
-                      + (f", {len(bad)} not finite at steps "
-                         + ",".join(map(str, bad)) if bad else ""))
+                      + (f", {len(nan)} not finite at steps "
+                         + ",".join(map(str, nan)) if nan else "")
+                      + (f", {len(huge)} beyond {MAX_DRAWN:g} in magnitude "
+                         "at steps " + ",".join(map(str, huge))
+                         if huge else ""))
         for ax in axes:
             mark(ax, skipped, colors="red", alpha=0.35, linewidths=1)
         if skipped:
@@ -221,20 +263,27 @@ def draw_metrics(args, plt):
                   + (",".join(map(str, skipped)) or "none"))
     for ax, title, ys in zip(axes, PANELS, drawn):
         # A spike of orders of magnitude would flatten the rest: log scale.
-        if ys and min(ys) > 0 and max(ys) / min(ys) > 1e3:
+        # (Not below 1e-300: a log axis's margins would underflow to 0.)
+        if ys and min(ys) > 1e-300 and max(ys) / min(ys) > 1e3:
             ax.set_yscale("log")
         ax.set_ylabel(title)
         ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="upper right", fontsize="small")
+        handles, labels = ax.get_legend_handles_labels()
+        if len(handles) > MAX_LEGEND:
+            # Of many runs, a legend naming each would cover the panel.
+            more = len(handles) - (MAX_LEGEND - 1)
+            handles = handles[:MAX_LEGEND - 1] + [
+                plt.matplotlib.lines.Line2D([], [], linestyle="none")]
+            labels = labels[:MAX_LEGEND - 1] + [f"and {more} more"]
+        if handles:
+            ax.legend(handles, labels, loc="upper right", fontsize="small")
     if axes[1].get_yscale() == "linear":
         axes[1].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     axes[2].set_xlabel("step")
     axes[2].xaxis.set_major_locator(
         plt.matplotlib.ticker.MaxNLocator(integer=True))
-    fig.suptitle(args.title or "training run"
-                 + ("s" if len(runs) > 1 else "") + ": "
-                 + ", ".join(short(p) for p in args.inputs))
+    set_title(fig, args, "training run" + ("s" if len(runs) > 1 else "")
+              + ": " + ", ".join(short(p) for p in args.inputs))
     return fig
 
 
@@ -408,8 +457,8 @@ def draw_memory(args, plt):
                     loc="upper left", bbox_to_anchor=(1.02, 1),
                     fontsize="small")
     targets = sorted({p[3] for p in plans})
-    fig.suptitle(args.title or "memory per rank ("
-                 + ", ".join(targets) + " target)")
+    set_title(fig, args, "memory per rank (" + ", ".join(targets)
+              + " target)")
     return fig
 
 
@@ -582,7 +631,7 @@ def draw_trace(args, plt):
                              "all-reduce"),
                        Patch(color="tab:purple", label="optimizer")],
               loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
-    fig.suptitle(args.title or f"trace: {short(path)}")
+    set_title(fig, args, f"trace: {short(path)}")
     return fig
 
 
@@ -640,10 +689,18 @@ def save(fig, path, fmt):
     except OSError as e:
         raise PlotError(f"cannot write in '{folder}': {e.strerror}")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb") as f, warnings.catch_warnings(record=True) \
+                as caught:
+            warnings.simplefilter("always")
             fig.savefig(f, format=fmt, dpi=fig.dpi)
             f.flush()
             os.fsync(f.fileno())
+        if any("constrained_layout not applied" in str(w.message)
+               for w in caught):
+            w, h = fig.get_size_inches()
+            print(f"{PROG}: warning: a {w:g}x{h:g} inch figure is too small "
+                  "for its panels and labels, which overlap; a larger --size "
+                  "lays them out", file=sys.stderr)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except OSError as e:
@@ -728,12 +785,20 @@ def main(argv):
         plt.close("all")
         fmt = check_output(args.output, args.overwrite, formats)
         check_not_an_input(args.output, args.inputs)
+        check_title(args.title)
         draw = {"metrics": draw_metrics, "memory": draw_memory,
                 "trace": draw_trace}[args.command]
         fig = draw(args, plt)
         save(fig, args.output, fmt)
     except (PlotError, InputError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except (ArithmeticError, ValueError, IndexError, RuntimeError) as e:
+        # A last resort: matplotlib's layout arithmetic has limits the
+        # bounds above do not all foresee; the picture is not written.
+        print(f"{PROG}: error: cannot draw '{args.output}': matplotlib "
+              f"failed on these inputs ({type(e).__name__}: {e})",
+              file=sys.stderr)
         return 1
     except MemoryError:  # a last resort: the bounds above should prevent it
         print(f"{PROG}: error: out of memory", file=sys.stderr)
@@ -742,5 +807,18 @@ def main(argv):
     return 0
 
 
+def run(argv):
+    """main, and a reader of its output that went away (`| head`) ends it
+    quietly, as it does other programs."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Python would report it again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run(sys.argv[1:]))

@@ -550,6 +550,32 @@ def main():
                [PLOT, "metrics", p("run$^^$.jsonl"), "-o", p("dollar.png"),
                 "--title", "$\\rule{1}$ $^^^$"], 0, None,
                [f"wrote '{p('dollar.png')}'"])
+        # Values an axis cannot span (-1e308..1e308 overflows matplotlib's
+        # range arithmetic) are marked like NaN, and printed apart.
+        path = p("extreme.jsonl")
+        if not list_only:
+            write(path, "".join(
+                '{"step": %d, "loss": %s, "lr": %s, "grad_norm": %s}\n'
+                % r for r in (
+                    (1, "2.5", "1e-308", "1"), (2, "1e308", "5e-324", "1"),
+                    (3, "-1e308", "1e250", "1e-300"),
+                    (4, "-1e250", "1e-3", "Infinity"))))
+        h.case("fastllm-plot metrics: losses of +-1e308 draw, marked",
+               [PLOT, "metrics", path, "-o", p("extreme.png"), "--print"], 0,
+               None, [f"{path}: loss: 2 points, 2 beyond 1e+250 in magnitude "
+                      "at steps 2,3",
+                      f"{path}: lr: 4 points",
+                      f"{path}: grad_norm: 3 points, 1 not finite at steps 4"])
+        # A title is drawn within the picture: a --title of 100,000
+        # characters (matplotlib's raster overflowed) is refused; a default
+        # title naming many files is cut short.
+        h.plot_error("long-title", "metrics", p("ok.jsonl"),
+                     "--title has 100000 characters in 1 lines; a title has "
+                     "at most 400 in 4", ["--title", "t" * 100000])
+        many = [p("ok.jsonl")] * 300
+        h.case("fastllm-plot metrics: 300 inputs draw under a short title",
+               [PLOT, "metrics", *many, "-o", p("many.png")], 0, None,
+               [f"wrote '{p('many.png')}'"])
         h.case("fastllm-plot metrics: a valid file still draws",
                [PLOT, "metrics", p("ok.jsonl"), "-o", p("ok.png"), "--print"],
                0, None, [f"{p('ok.jsonl')}: loss: 5 points"])
