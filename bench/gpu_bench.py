@@ -162,7 +162,7 @@ def main():
         open(data, "wb"))
     metrics = os.path.join(out, "metrics.jsonl")
     subprocess.run([os.path.join(out, "train"), "--data", data, "--steps", str(args.steps),
-                    "--lr", "3e-4", "--metrics", metrics], check=True)
+                    "--lr", "3e-4", "--metrics", metrics, "--overwrite"], check=True)
     lines = [json.loads(line) for line in open(metrics)][args.warmup:]
     step_s = statistics.median(line["step_ms"] for line in lines) / 1e3
     print(f"GPT-2 124M: {n_params} parameters, batch {args.batch} x seq {SEQ}, "

@@ -61,7 +61,7 @@ metrics = os.path.join(work, "metrics.jsonl")
 env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
 subprocess.run([os.path.join(work, "run", "train"), "--data", data_path,
                 "--data-dtype", "u16" if args.vocab < 65536 else "u32",
-                "--steps", str(args.warmup + args.steps), "--metrics", metrics] + hp,
+                "--steps", str(args.warmup + args.steps), "--metrics", metrics, "--overwrite"] + hp,
                check=True, env=env, stdout=subprocess.DEVNULL)
 ours = [json.loads(l)["step_ms"] for l in open(metrics)][args.warmup:]
 arena = json.loads(open(metrics).readline())["mem_bytes"]

@@ -84,7 +84,7 @@ def main():
             metrics = os.path.join(out, "metrics.jsonl")
             subprocess.run(MPIRUN + ["-np", str(DP), os.path.join(out, "train"), "--data", data,
                                      "--steps", str(args.run_steps), "--lr", "1e-4",
-                                     "--metrics", metrics],
+                                     "--metrics", metrics, "--overwrite"],
                            check=True, capture_output=True,
                            env=dict(os.environ, OMP_NUM_THREADS="1"))
             measured = json.loads(open(metrics).readline())["mem_bytes"]

@@ -835,14 +835,16 @@ fastllm::rt::readCheckpointWeights(const std::string &folder, const Manifest &m,
   // with an allocation until the shards are seen to hold them.
   const int64_t shardElements = layout.paramElements / layout.dp;
   for (int r = 0; r < int(layout.dp); ++r) {
-    struct stat st;
-    std::string path = folder + "/" + shardFileName(r);
-    if (stat(path.c_str(), &st) != 0)
-      return errorf("cannot open %s: %s", shardFileName(r).c_str(),
-                    std::strerror(errno));
-    if (st.st_size / 4 < shardElements)
+    // (Opened as the shard will be: a FIFO or a device is named as one.)
+    InputOptions options;
+    options.noFollow = true;
+    Expected<OpenedInput> in = openInput(folder + "/" + shardFileName(r),
+                                         shardFileName(r), options);
+    if (!in)
+      return in.status();
+    if (in->size / 4 < shardElements)
       return errorf("%s has %lld bytes, too few for its %lld weights",
-                    shardFileName(r).c_str(), (long long)st.st_size,
+                    shardFileName(r).c_str(), (long long)in->size,
                     (long long)shardElements);
   }
   // The weights are held whole: the memory must be there, or the manifest

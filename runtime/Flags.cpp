@@ -214,6 +214,14 @@ const Flag kFlags[] = {
        o.saveWeightsPath = v;
        return Status();
      }},
+    {"overwrite", nullptr, "off",
+     "replace files that exist at --metrics, --dump-grads, --save-weights "
+     "and --trace (without it the run stops before it starts; --resume "
+     "continues its --metrics file either way)",
+     [](Options &o, const char *, const std::string &, const PlanInfo &) {
+       o.overwrite = true;
+       return Status();
+     }},
     {"allow-nonfinite", nullptr, "off",
      "keep training when the loss is NaN or infinite (updates with a "
      "non-finite gradient norm are still skipped)",
@@ -323,22 +331,24 @@ const Flag kFlags[] = {
 Status checkCounts(const Options &opts, const PlanInfo &plan) {
   constexpr int64_t kLimit = int64_t(1) << 62;
   int64_t perStep = 0, total = 0, evalTotal = 0;
-  bool over =
-      __builtin_mul_overflow(plan.batchSize * plan.seqLen,
+  if (__builtin_mul_overflow(plan.batchSize * plan.seqLen,
                              int64_t(plan.dataParallel), &perStep) ||
       __builtin_mul_overflow(perStep, opts.gradAccum, &perStep) ||
-      __builtin_mul_overflow(perStep, opts.steps, &total) || total > kLimit ||
-      __builtin_mul_overflow(perStep, std::max<int64_t>(opts.evalSteps, 1),
-                             &evalTotal) ||
-      __builtin_mul_overflow(evalTotal, opts.steps, &evalTotal) ||
-      evalTotal > kLimit;
-  if (over)
+      __builtin_mul_overflow(perStep, opts.steps, &total) || total > kLimit)
     return errorf("--steps %lld with --grad-accum %lld (%lld tokens a "
                   "micro-batch on each of %d rank%s) counts more tokens than "
                   "the run can number (2^62); lower them",
                   (long long)opts.steps, (long long)opts.gradAccum,
                   (long long)(plan.batchSize * plan.seqLen),
                   plan.dataParallel, plan.dataParallel == 1 ? "" : "s");
+  if (__builtin_mul_overflow(perStep, std::max<int64_t>(opts.evalSteps, 1),
+                             &evalTotal) ||
+      __builtin_mul_overflow(evalTotal, opts.steps, &evalTotal) ||
+      evalTotal > kLimit)
+    return errorf("--eval-steps %lld over --steps %lld counts more "
+                  "evaluation tokens than the run can number (2^62); lower "
+                  "--eval-steps",
+                  (long long)opts.evalSteps, (long long)opts.steps);
   return Status();
 }
 
@@ -481,6 +491,12 @@ private:
     int number = 0;
     for (std::string line; std::getline(in, line);) {
       ++number;
+      // CLI11 would read up to a NUL and drop the rest of the line.
+      for (char c : line)
+        if ((unsigned char)c < 0x20 && c != '\t' && c != '\r')
+          throw CLI::ConfigError(where(number) + ": a control character "
+                                 "(byte " + std::to_string(int(c)) +
+                                 ") in the line");
       line = CLI::detail::trim_copy(line);
       if (line.empty() || line[0] == '#' || line[0] == ';')
         continue;
@@ -509,6 +525,11 @@ private:
             ")");
       }
       std::string value = CLI::detail::trim_copy(line.substr(eq + 1));
+      if (!value.empty() && (value[0] == '"' || value[0] == '\'') &&
+          value.find(value[0], 1) == std::string::npos)
+        throw CLI::ConfigError(where(number) + ": the value of '" + key +
+                               "' opens a quote (" + value[0] +
+                               ") it does not close");
       if (!value.empty() && value[0] == '[')
         throw CLI::ConfigError(where(number) + ": '" + key +
                                "' takes one value, not a list");

@@ -38,6 +38,9 @@ struct Options {
   std::string dumpGradsPath;   ///< empty: no gradient dump
   std::string saveWeightsPath; ///< empty: final weights not saved
   bool allowNonfinite = false;
+  /// A fresh run may replace existing --metrics, --dump-grads,
+  /// --save-weights and --trace files.
+  bool overwrite = false;
   std::string checkpointDir;   ///< empty: no checkpoints
   int64_t checkpointEvery = 0; ///< checkpoint after every N-th step; 0: never
   bool resume = false;         ///< start from checkpointDir's newest one

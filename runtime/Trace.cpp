@@ -77,13 +77,12 @@ void TraceSpan::end() {
   tracer = nullptr;
 }
 
-Status fastllm::rt::checkTracePath(const std::string &path) {
+Status fastllm::rt::checkTracePath(const std::string &path, bool overwrite) {
   if (path.empty())
     return Status();
   struct stat st;
-  if (lstat(path.c_str(), &st) == 0)
-    return errorf("--trace '%s' already exists; a trace is never written "
-                  "over a file: remove it or choose another name",
+  if (!overwrite && lstat(path.c_str(), &st) == 0)
+    return errorf("--trace '%s' exists; pass --overwrite to replace it",
                   path.c_str());
   std::string dir = folderOf(path);
   if (access(dir.c_str(), W_OK) != 0)

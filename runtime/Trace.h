@@ -143,9 +143,9 @@ private:
   int64_t start;
 };
 
-/// --trace FILE must not exist yet (a trace is never written over a file)
-/// and its folder must be writable; checked before training.
-Status checkTracePath(const std::string &path);
+/// --trace FILE must not exist yet unless `overwrite` (--overwrite), and its
+/// folder must be writable; checked before training.
+Status checkTracePath(const std::string &path, bool overwrite);
 
 /// Parses --trace-steps' "A-B" or "A" (1-based, A <= B) into first and last.
 Status parseTraceSteps(const std::string &text, int64_t &first, int64_t &last);

@@ -348,9 +348,27 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   for (Status s : {checkOutputPath("metrics", opts.metricsPath),
                    checkOutputPath("dump-grads", opts.dumpGradsPath),
                    checkOutputPath("save-weights", opts.saveWeightsPath),
-                   checkTracePath(opts.tracePath)})
+                   checkTracePath(opts.tracePath, opts.overwrite)})
     if (!s.ok())
       return s;
+  // An output that exists is replaced only with --overwrite (--resume
+  // continues its --metrics file). Rank 0 writes them and alone checks:
+  // another rank could look after rank 0 made the metrics file.
+  if (leader && !opts.overwrite)
+    for (auto [flag, path] : {std::pair{"--dump-grads", &opts.dumpGradsPath},
+                              {"--save-weights", &opts.saveWeightsPath},
+                              {"--metrics", &opts.metricsPath}}) {
+      struct stat st;
+      if (path->empty() || lstat(path->c_str(), &st) != 0 ||
+          (opts.resume && std::string(flag) == "--metrics"))
+        continue;
+      return errorf("%s '%s' exists; pass --overwrite to replace it%s", flag,
+                    path->c_str(),
+                    std::string(flag) == "--metrics" &&
+                            !opts.checkpointDir.empty()
+                        ? " (or --resume to continue the run it records)"
+                        : "");
+    }
 
   // Padding (between parameters and at the ends of stages) starts zero and
   // stays zero: no optimizer chunk covers it, so the master shards keep the

@@ -31,7 +31,7 @@ text=/usr/share/common-licenses/GPL-3
   --val-output "$out/gpl3-val.tok" --overwrite
 "$out/train" --data "$out/gpl3.tok" --val-data "$out/gpl3-val.tok" \
   --eval-every 50 --eval-steps 4 --steps 300 --lr 3e-3 --lr-schedule cosine \
-  --warmup-steps 20 --log-every 25 --metrics "$out/metrics.jsonl" "$@"
+  --warmup-steps 20 --log-every 25 --metrics "$out/metrics.jsonl" --overwrite "$@"
 "$bin/fastllm-plot" metrics "$out/metrics.jsonl" -o "$out/loss.png" \
   --overwrite >/dev/null
 echo
@@ -41,9 +41,8 @@ echo
   --seq-len 64 --dp 2 --zero-stage 3
 mpi=(mpirun --oversubscribe -np 2)
 [[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
-rm -f "$out/trace.json" # train never replaces a trace
 "${mpi[@]}" "$out/zero3-run/train" --data "$out/gpl3.tok" --steps 12 \
-  --lr 3e-3 --log-every 4 --trace "$out/trace.json" --trace-steps 10-11
+  --lr 3e-3 --log-every 4 --trace "$out/trace.json" --trace-steps 10-11 --overwrite
 "$bin/fastllm-plot" trace "$out/trace.json" -o "$out/trace.png" \
   --overwrite >/dev/null
 echo

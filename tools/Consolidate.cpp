@@ -10,8 +10,10 @@
 // needed: the manifest's plan fingerprint names every parameter, its shape
 // and offset, and the stage table that fixes each rank's shard. The step is
 // verified as resume verifies it (manifest, each shard's size, header and
-// CRC32C); by default the newest step that passes is taken, and newer ones
-// that do not are reported.
+// CRC32C); by default the newest step with a manifest is taken, and newer
+// incomplete ones (no manifest: a killed save) are skipped with a warning.
+// A newest save whose manifest is there but which does not verify is an
+// error, as for train --resume: --step picks an older one deliberately.
 //
 //===----------------------------------------------------------------------===//
 
@@ -104,25 +106,43 @@ Expected<Chosen> choose(const std::string &path, std::optional<int64_t> step) {
     return steps.status();
   if (steps->empty())
     return errorf("'%s' holds no step-N checkpoint folders", path.c_str());
-  std::string skipped;
+  std::string skipped, damaged;
   for (int64_t s : *steps) {
     if (step && s != *step)
       continue;
     std::string folder = path + "/" + stepFolderName(s);
     Expected<Chosen> c = readStep(folder, s);
-    if (c)
+    if (c && damaged.empty())
       return c;
+    if (c)
+      // As train --resume: a newer save that finished (its manifest is
+      // there) but does not read back is trouble to look at, not to pass
+      // over in silence; the older step is written when asked for.
+      return errorf("%s; nothing was written. Restore it from a copy, or "
+                    "give --step %lld to write the newest step that reads "
+                    "back",
+                    damaged.c_str(), (long long)s);
     if (step)
       return errorf("checkpoint '%s': %s", folder.c_str(),
                     c.status().message().c_str());
-    WithColor::warning(errs(), "fastllm-opt consolidate")
-        << "checkpoint '" << folder << "' skipped: " << c.status().message()
-        << "\n";
+    if (damaged.empty() && exists(folder + "/manifest.json")) {
+      damaged = "checkpoint '" + folder + "' cannot be read: " +
+                c.status().message();
+      continue;
+    }
+    if (damaged.empty())
+      WithColor::warning(errs(), "fastllm-opt consolidate")
+          << "checkpoint '" << folder << "' skipped: " << c.status().message()
+          << "\n";
     skipped += "; '" + folder + "': " + c.status().message();
   }
   if (step)
     return errorf("'%s' has no checkpoint of step %lld", path.c_str(),
                   (long long)*step);
+  if (!damaged.empty())
+    return errorf("%s%s%s", damaged.c_str(),
+                  skipped.empty() ? "" : "; no older step reads back either",
+                  skipped.c_str());
   return errorf("no complete checkpoint in '%s'%s", path.c_str(),
                 skipped.c_str());
 }

@@ -405,6 +405,7 @@ TEST_F(TrainTest, NonFiniteLossStopsTheRunUnlessAllowed) {
                          "keep training)");
 
   opts.allowNonfinite = true;
+  opts.overwrite = true; // the first attempt's metrics
   s = train(plan(), fastllm_step, opts, testComm(), nullptr);
   ASSERT_TRUE(s.ok()) << s.message();
   std::string metrics = readBytes(opts.metricsPath);
@@ -505,6 +506,7 @@ TEST_F(TrainTest, ResumeNeedsACompleteCheckpointOfTheSamePlan) {
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_EQ(a[i].get("loss")->text, b[i].get("loss")->text);
   // Starting afresh among them would leave a later --resume another run's.
+  first.overwrite = true; // (its metrics file exists too)
   s = train(plan(), fastllm_step, first, testComm(), nullptr);
   EXPECT_EQ(s.message(), "--checkpoint-dir '" + first.checkpointDir +
                              "' already holds checkpoints (the newest is "
@@ -761,6 +763,7 @@ TEST_F(TrainTest, ANonFiniteGradientNormSkipsTheUpdate) {
   four.steps = 4;
   four.checkpointDir = dir.file("four");
   four.saveWeightsPath = dir.file("four.safetensors");
+  four.metricsPath = dir.file("four.jsonl");
   scheduleFaults({2});
   s = train(plan(), fastllm_step, four, testComm(), nullptr);
   scheduleFaults({});
@@ -1006,9 +1009,11 @@ TEST_F(TrainTest, OutputsAreNeverWrittenThroughLinksOrIntoDevices) {
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(readBytes(dir.file("target")), "keep");
 
-  // A regular file is replaced whole, and --save-weights says what it wrote.
+  // A regular file is replaced whole with --overwrite, and --save-weights
+  // says what it wrote.
   writeBytes(dir.file("final.safetensors"), "old");
   Options o = options(1, 0.01);
+  o.overwrite = true;
   o.saveWeightsPath = dir.file("final.safetensors");
   char *text = nullptr;
   size_t size = 0;
