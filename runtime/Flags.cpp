@@ -830,7 +830,8 @@ exit status:
            steps, a checkpoint refused, a checkpoint folder in use, a
            collective timeout (its message names the ranks that never arrived)
   128 + N  stopped early by signal N after a complete step: 143 SIGTERM,
-           130 SIGINT, 138 SIGUSR1; rerun with --resume to continue
+           130 SIGINT, 138 SIGUSR1, 129 SIGHUP, 141 SIGPIPE (the log's
+           reader went away); rerun with --resume to continue
 )";
   return text;
 }

@@ -20,14 +20,17 @@ extern "C" void onStopSignal(int signal) {
 } // namespace
 
 void fastllm::rt::installStopHandlers() {
-  for (int signal : {SIGTERM, SIGINT, SIGUSR1}) {
+  for (int signal : {SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGPIPE}) {
     struct sigaction action = {};
     action.sa_handler = onStopSignal;
     sigemptyset(&action.sa_mask);
     // SA_RESETHAND: the second signal of a kind takes the default action
     // (ends the process), for a user who does not want to wait for the step.
-    // SA_RESTART: reads, writes and waits carry on after the handler.
-    action.sa_flags = SA_RESETHAND | SA_RESTART;
+    // Not for SIGPIPE: once the reader of the log is gone, every later line
+    // raises it again, and the run must still reach its checkpoint (the
+    // writes fail with EPIPE instead). SA_RESTART: reads, writes and waits
+    // carry on after the handler.
+    action.sa_flags = SA_RESTART | (signal == SIGPIPE ? 0 : SA_RESETHAND);
     sigaction(signal, &action, nullptr);
   }
 }
@@ -46,6 +49,10 @@ const char *fastllm::rt::stopSignalName(int signal) {
     return "SIGINT";
   case SIGUSR1:
     return "SIGUSR1";
+  case SIGHUP:
+    return "SIGHUP";
+  case SIGPIPE:
+    return "SIGPIPE";
   }
   static char buf[32];
   std::snprintf(buf, sizeof(buf), "signal %d", signal);

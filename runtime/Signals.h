@@ -1,6 +1,9 @@
 //===- Signals.h - stopping a training run on request -----------*- C++ -*-===//
 //
-// SIGTERM, SIGINT and SIGUSR1 ask a run to stop: the handler only records
+// SIGTERM, SIGINT and SIGUSR1 ask a run to stop, and so do SIGHUP (the
+// terminal closed) and SIGPIPE (the reader of its log went away, as with
+// `train ... | head`), which would otherwise end it without a checkpoint:
+// the handler only records
 // the signal (async-signal-safe), and the training loop, which exchanges the
 // record among ranks with each step's gradient-norm all-reduce, finishes the
 // step on every rank, writes a checkpoint when --checkpoint-dir is set and
@@ -14,7 +17,8 @@
 
 namespace fastllm::rt {
 
-/// Installs the handlers for SIGTERM, SIGINT and SIGUSR1 (main() does; a
+/// Installs the handlers for SIGTERM, SIGINT, SIGUSR1, SIGHUP and SIGPIPE
+/// (main() does; a
 /// library caller such as a test may not want them).
 void installStopHandlers();
 
@@ -25,7 +29,7 @@ int stopRequest();
 void requestStop(int signal);
 void clearStopRequest();
 
-/// "SIGTERM", "SIGINT", "SIGUSR1", or "signal N".
+/// "SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP", "SIGPIPE", or "signal N".
 const char *stopSignalName(int signal);
 
 } // namespace fastllm::rt

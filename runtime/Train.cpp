@@ -835,9 +835,6 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     }
   }
 
-  if (tracer)
-    if (Status st = tracer->write(comm, opts.tracePath, log); !st.ok())
-      return st;
   if (!opts.saveWeightsPath.empty()) {
     float *full = params;
     if (!full) { // ZeRO-3: every rank takes part in the gather
@@ -856,6 +853,11 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                    opts.saveWeightsPath.c_str(), (long long)written.tensors,
                    (long long)written.bytes);
   }
+  // After the weights: a trace that cannot be written (a full disk) must
+  // not cost the run its result.
+  if (tracer)
+    if (Status st = tracer->write(comm, opts.tracePath, log); !st.ok())
+      return st;
   int64_t ran = lastStep - firstStep;
   if (log && ran == 0)
     std::fprintf(log, "done: the checkpoint is at the last step, %lld\n",

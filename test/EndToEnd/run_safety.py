@@ -20,12 +20,14 @@ token 0 is in the batch (h + sqrt(g * g) with g = gate[token] and gate's row
              AdamW's step count still 2 (step 4's is 3);
   max-skip   token 0 everywhere: exit 1 after --max-skipped-steps (5, then 2)
              consecutive skipped steps, naming them;
-  signals    SIGTERM to rank 1, SIGUSR1 to rank 0, SIGINT to rank 1 of a
-             2-rank run: exit 128 + signal, every rank stopped at the same
+  signals    SIGTERM to rank 1, SIGUSR1 to rank 0, SIGINT to rank 1, SIGHUP
+             to rank 0 of a 2-rank run: exit 128 + signal, every rank stopped at the same
              step S (the log's step count equals the metrics'), a complete
              checkpoint at S (not a multiple of --checkpoint-every), and (for
              SIGTERM) --resume to S + 3 gives losses bit-identical to an
              uninterrupted S + 3 step run;
+  pipe       `train | head -2` on one rank: the reader gone, SIGPIPE stops
+             the run after its step, exit 141 and a checkpoint at that step;
   lock       a second job on a checkpoint folder in use fails at once naming
              the folder and the holder's pid; the first is unaffected;
   folder     a fresh run into a folder with only an incomplete checkpoint and
@@ -285,6 +287,36 @@ def case_signal(work, train2, data, sig, rank, resume):
     return ok, detail
 
 
+def case_pipe(work, train, data):
+    """`train ... | head -2`: the reader goes, SIGPIPE stops the run after
+    its step with a checkpoint (it used to end the process, losing every
+    step since the last checkpoint)."""
+    ckpt, m = os.path.join(work, "ckpt-pipe"), os.path.join(work, "pipe.jsonl")
+    cmd = [train, "--data", data, "--steps", "1000000", "--lr", "1e-3", "--log-every", "1",
+           "--checkpoint-dir", ckpt, "--checkpoint-every", "100000", "--metrics", m]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV)
+    try:
+        head = [proc.stdout.readline() for _ in range(2)]
+        if not wait_for_lines(m, 5, proc):
+            return False, f"the run did not go on (exit {proc.poll()})"
+        proc.stdout.close()  # the reader goes away; the next log line raises SIGPIPE
+        err = proc.stderr.read()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = metrics(m)
+    folders = sorted(f for f in os.listdir(ckpt) if f.startswith("step-"))
+    s = len(lines)
+    ok = (proc.returncode == 128 + signal.SIGPIPE and s > 0
+          and folders == [f"step-{s:08d}"] and manifest(step_dir(ckpt, s))["step"] == s)
+    detail = (f"stdout closed after {head[-1].strip()[:40]!r}: exit {proc.returncode}, "
+              f"{s} metrics lines, checkpoints {folders}")
+    return ok, detail + ("" if ok else "\n" + err[-1500:])
+
+
 def case_lock(work, train, data):
     ckpt, m = os.path.join(work, "ckpt-lock"), os.path.join(work, "lock.jsonl")
     first = subprocess.Popen([train, "--data", data, "--steps", "1000000", "--lr", "1e-3",
@@ -378,6 +410,8 @@ def main():
              ("signal", lambda: case_signal(work, train2, data, signal.SIGTERM, 1, True)),
              ("signal", lambda: case_signal(work, train2, data, signal.SIGUSR1, 0, False)),
              ("signal", lambda: case_signal(work, train2, data, signal.SIGINT, 1, False)),
+             ("signal", lambda: case_signal(work, train2, data, signal.SIGHUP, 0, False)),
+             ("pipe", lambda: case_pipe(work, train1, data)),
              ("lock", lambda: case_lock(work, train1, data)),
              ("folder", lambda: case_folder(work, train1, data))]
     passed = failed = 0
