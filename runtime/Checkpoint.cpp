@@ -1117,6 +1117,36 @@ fastllm::rt::pruneCheckpoints(const std::string &dir, int64_t keep) {
 
 const char *const fastllm::rt::kLockFileName = "train.lock";
 
+std::string fastllm::rt::checkpointFolderEntry(const std::string &path,
+                                               const std::string &dir) {
+  struct stat top;
+  bool haveDir = !dir.empty() && stat(dir.c_str(), &top) == 0;
+  // A checkpoint folder: `dir`, or any folder that holds a lock file.
+  auto isCheckpointFolder = [&](const std::string &folder) {
+    struct stat st;
+    if (stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return false;
+    if (haveDir && st.st_dev == top.st_dev && st.st_ino == top.st_ino)
+      return true;
+    return lstat((folder + "/" + kLockFileName).c_str(), &st) == 0;
+  };
+  auto base = [](const std::string &p) {
+    size_t slash = p.find_last_of('/');
+    return slash == std::string::npos ? p : p.substr(slash + 1);
+  };
+  auto isStep = [](const std::string &name) {
+    return name.size() > 5 && name.compare(0, 5, "step-") == 0;
+  };
+  std::string folder = folderOf(path), name = base(path);
+  if ((name.compare(0, std::strlen(kLockFileName), kLockFileName) == 0 ||
+       isStep(name)) &&
+      isCheckpointFolder(folder))
+    return "is the checkpoint folder's own '" + name + "'";
+  if (isStep(base(folder)) && isCheckpointFolder(folderOf(folder)))
+    return "is inside the checkpoint step folder '" + folder + "'";
+  return "";
+}
+
 CheckpointLock::~CheckpointLock() {
   if (fd >= 0)
     ::close(fd); // releases the flock

@@ -244,6 +244,14 @@ Expected<std::vector<int64_t>> pruneCheckpoints(const std::string &dir,
 /// The lock file in a checkpoint folder.
 extern const char *const kLockFileName;
 
+/// Why an output at `path` would replace a file a checkpoint folder keeps
+/// (its lock files, a step folder, or a file in one), or "" when it would
+/// not. A checkpoint folder is `dir` (when given; it may not hold a lock
+/// yet) or any folder holding a lock file: a running job's, or a finished
+/// one's.
+std::string checkpointFolderEntry(const std::string &path,
+                                  const std::string &dir = "");
+
 /// An exclusive flock on DIR/train.lock, held while the object lives, so two
 /// jobs never share a checkpoint folder. Its holder is named in
 /// DIR/train.lock.owner ("pid N on HOST") for the refusal message.

@@ -54,35 +54,6 @@ Status checkOutputPath(const char *flag, const std::string &path) {
   return Status();
 }
 
-/// Why `path` is a file the checkpoint folder `dir` keeps (its lock files,
-/// a step folder or a file in one), or "" when it is not.
-std::string checkpointFolderEntry(const std::string &dir,
-                                  const std::string &path) {
-  struct stat top;
-  if (stat(dir.c_str(), &top) != 0)
-    return ""; // not there yet: nothing in it to clash with
-  auto isDir = [&](const std::string &folder) {
-    struct stat st;
-    return stat(folder.c_str(), &st) == 0 && st.st_dev == top.st_dev &&
-           st.st_ino == top.st_ino;
-  };
-  auto base = [](const std::string &p) {
-    size_t slash = p.find_last_of('/');
-    return slash == std::string::npos ? p : p.substr(slash + 1);
-  };
-  auto isStep = [](const std::string &name) {
-    return name.size() > 5 && name.compare(0, 5, "step-") == 0;
-  };
-  std::string folder = folderOf(path), name = base(path);
-  if (isDir(folder) &&
-      (name.compare(0, std::strlen(kLockFileName), kLockFileName) == 0 ||
-       isStep(name)))
-    return "is the checkpoint folder's own '" + name + "'";
-  if (isStep(base(folder)) && isDir(folderOf(folder)))
-    return "is inside the checkpoint step folder '" + folder + "'";
-  return "";
-}
-
 /// Creates the --checkpoint-dir folder and its parents if needed; it must
 /// end up a writable folder. Then takes the folder's lock for the job and
 /// removes the temporaries of killed saves. A fresh run must not start among
@@ -340,7 +311,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     if (!opts.checkpointDir.empty())
       for (const NamedPath &f : files)
         if (f.output && f.flag != "--checkpoint-dir" && !f.path.empty())
-          if (std::string why = checkpointFolderEntry(opts.checkpointDir, f.path);
+          if (std::string why = checkpointFolderEntry(f.path, opts.checkpointDir);
               !why.empty())
             return errorf("%s '%s' %s; choose another path", f.flag.c_str(),
                           f.path.c_str(), why.c_str());

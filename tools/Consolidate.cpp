@@ -225,6 +225,12 @@ int mlir::fastllm::consolidateMain(int argc, char **argv) {
   };
   if (step.getNumOccurrences() && step < 0)
     return fail("--step must be a non-negative step number");
+  std::string path = checkpoint;
+  while (path.size() > 1 && path.back() == '/')
+    path.pop_back();
+  // The input first: a typo in it is the error to see, not one about -o.
+  if (!exists(path))
+    return fail("'" + path + "' does not exist");
   std::string out = output;
   if (out.empty())
     return fail("-o: an empty path");
@@ -234,10 +240,14 @@ int mlir::fastllm::consolidateMain(int argc, char **argv) {
                 "-o");
   if (std::string why = checkReplaceable(out); !why.empty())
     return fail("-o: " + why);
+  // Nor a file a checkpoint folder keeps: this one's (a step folder given:
+  // its parent's) or any other's, a running job's lock included.
+  std::string base = path.substr(path.find_last_of('/') + 1);
+  if (std::string why = checkpointFolderEntry(
+          out, base.rfind("step-", 0) == 0 ? folderOf(path) : path);
+      !why.empty())
+    return fail("-o '" + out + "' " + why + "; choose another path");
 
-  std::string path = checkpoint;
-  while (path.size() > 1 && path.back() == '/')
-    path.pop_back();
   Expected<Chosen> chosen =
       choose(path, step.getNumOccurrences() ? std::optional<int64_t>(step)
                                             : std::nullopt);
