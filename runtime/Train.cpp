@@ -144,6 +144,94 @@ Fingerprint runFingerprint(const Options &opts, int64_t dataTokens) {
   return f;
 }
 
+/// What every rank must have been started with alike: the run's
+/// fingerprint and every flag that decides what the ranks do together
+/// (step counts, collectives, checkpoints, evaluation). Paths may differ
+/// from node to node; whether an output is written may not (the ZeRO-3
+/// gather for --save-weights involves every rank).
+Fingerprint sharedOptions(const Options &opts, int64_t dataTokens,
+                          int64_t valTokens) {
+  Fingerprint f = runFingerprint(opts, dataTokens);
+  auto flag = [](bool b) { return std::string(b ? "given" : "not given"); };
+  for (auto [key, value] : Fingerprint{
+           {"steps", std::to_string(opts.steps)},
+           {"val_data_tokens", std::to_string(valTokens)},
+           {"eval_every", std::to_string(opts.evalEvery)},
+           {"eval_steps", std::to_string(opts.evalSteps)},
+           {"checkpoint_dir", flag(!opts.checkpointDir.empty())},
+           {"checkpoint_every", std::to_string(opts.checkpointEvery)},
+           {"keep_last", std::to_string(opts.keepLast)},
+           {"resume", flag(opts.resume)},
+           {"max_skipped_steps", std::to_string(opts.maxSkippedSteps)},
+           {"allow_nonfinite", flag(opts.allowNonfinite)},
+           {"save_weights", flag(!opts.saveWeightsPath.empty())},
+           {"dump_grads", flag(!opts.dumpGradsPath.empty())},
+           {"trace", flag(!opts.tracePath.empty())},
+           {"trace_steps", std::to_string(opts.traceFirst) + "-" +
+                               std::to_string(opts.traceLast)}})
+    if (key != "steps" ||
+        std::none_of(f.begin(), f.end(),
+                     [](const auto &kv) { return kv.first == "steps"; }))
+      f.push_back({key, value});
+  return f;
+}
+
+/// Refuses a job whose ranks were started with different flags (an mpirun
+/// with a command per rank, or config files that differ between nodes):
+/// they would train with mixed settings, or wait on each other's
+/// collectives until the timeout. Compares a hash of sharedOptions; on a
+/// mismatch each rank names its first difference from rank 0.
+Status checkRanksAgree(const Fingerprint &mine, Communicator &comm) {
+  if (comm.size() == 1)
+    return Status();
+  std::string text;
+  for (const auto &[key, value] : mine)
+    text += key + "=" + value + "\n";
+  uint64_t hash = 1469598103934665603ull; // FNV-1a
+  for (unsigned char c : text)
+    hash = (hash ^ c) * 1099511628211ull;
+  std::vector<uint64_t> hashes(size_t(comm.size()));
+  comm.allGatherBytes(&hash, hashes.data(), sizeof(hash));
+  if (std::all_of(hashes.begin(), hashes.end(),
+                  [&](uint64_t h) { return h == hashes[0]; }))
+    return Status();
+  // Rank 0's list, then each rank's first difference from it.
+  int64_t bytes = int64_t(text.size());
+  comm.broadcast(&bytes, sizeof(bytes), 0);
+  std::string first(size_t(bytes), '\0');
+  if (comm.rank() == 0)
+    first = text;
+  comm.broadcast(first.data(), bytes, 0);
+  Fingerprint theirs;
+  for (size_t at = 0, end; (end = first.find('\n', at)) != std::string::npos;
+       at = end + 1) {
+    std::string line = first.substr(at, end - at);
+    size_t eq = line.find('=');
+    theirs.push_back({line.substr(0, eq), line.substr(eq + 1)});
+  }
+  constexpr int kReasonBytes = 160;
+  char reason[kReasonBytes] = {};
+  for (size_t i = 0; i < mine.size(); ++i)
+    if (i >= theirs.size() || theirs[i] != mine[i]) {
+      std::snprintf(reason, sizeof(reason), "%s is %s (rank 0: %s)",
+                    mine[i].first.c_str(), mine[i].second.c_str(),
+                    i < theirs.size() && theirs[i].first == mine[i].first
+                        ? theirs[i].second.c_str()
+                        : "another flag");
+      break;
+    }
+  std::vector<char> reasons(size_t(kReasonBytes) * comm.size());
+  comm.allGatherBytes(reason, reasons.data(), kReasonBytes);
+  std::string message = "the ranks were started with different flags";
+  int shown = 0;
+  for (int r = 1; r < comm.size() && shown < 4; ++r)
+    if (const char *why = &reasons[size_t(r) * kReasonBytes]; *why) {
+      message += (shown++ ? "; rank " : ": rank ") + std::to_string(r) +
+                 " differs from rank 0: " + why;
+    }
+  return Status::error(message + "; start every rank with the same flags");
+}
+
 /// Keeps the metrics file's lines up to `step`, dropping later ones (and a
 /// line torn by a kill), so that a resumed run appends to the history of the
 /// checkpoint it continues.
@@ -307,14 +395,14 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     if (std::string clash = distinctPaths(files); !clash.empty())
       return Status::error(clash);
     // Nor a file the checkpoint folder keeps: its lock, a step folder or
-    // anything in one (a user's own file beside them is fine).
-    if (!opts.checkpointDir.empty())
-      for (const NamedPath &f : files)
-        if (f.output && f.flag != "--checkpoint-dir" && !f.path.empty())
-          if (std::string why = checkpointFolderEntry(f.path, opts.checkpointDir);
-              !why.empty())
-            return errorf("%s '%s' %s; choose another path", f.flag.c_str(),
-                          f.path.c_str(), why.c_str());
+    // anything in one (a user's own file beside them is fine), of this
+    // run's folder or of another's.
+    for (const NamedPath &f : files)
+      if (f.output && f.flag != "--checkpoint-dir" && !f.path.empty())
+        if (std::string why = checkpointFolderEntry(f.path, opts.checkpointDir);
+            !why.empty())
+          return errorf("%s '%s' %s; choose another path", f.flag.c_str(),
+                        f.path.c_str(), why.c_str());
   }
   for (Status s : {checkOutputPath("metrics", opts.metricsPath),
                    checkOutputPath("dump-grads", opts.dumpGradsPath),
@@ -398,6 +486,11 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                  plan.target, planSummary(plan, opts).c_str());
   const Fingerprint planPrint = planFingerprint(plan);
   const Fingerprint runPrint = runFingerprint(opts, data->size());
+  if (Status s = checkRanksAgree(
+          sharedOptions(opts, data->size(), valData ? valData->size() : 0),
+          comm);
+      !s.ok())
+    return s;
   int64_t firstStep = 0, optimizerStep = 0;
   bool restoredState = false;
   if (opts.resume) {
