@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
@@ -267,6 +268,11 @@ Expected<Manifest> fastllm::rt::parseManifest(std::string_view json) {
       return x.status();
     *out = *x;
   }
+  // AdamW steps once per step, less the skipped ones: never more.
+  if (m.optimizerStep > m.step)
+    return errorf("'optimizer_step' %lld is past 'step' %lld (the optimizer "
+                  "steps at most once a step)",
+                  (long long)m.optimizerStep, (long long)m.step);
   Expected<Fingerprint> plan = parseFingerprint(v.get("plan"), "plan");
   if (!plan)
     return plan.status();
@@ -475,6 +481,10 @@ std::string fastllm::rt::loadShard(const std::string &folder, int rank,
   if (crc != expected.crc32c)
     return name + " fails its checksum (crc32c " + hex32(crc) +
            ", the manifest says " + hex32(expected.crc32c) + ")";
+  if (int64_t bad = countInvalid(regions))
+    return name + " holds " + std::to_string(bad) +
+           " values no checkpoint is saved with (not finite, or a negative "
+           "AdamW v): it was altered after it was written";
   return "";
 }
 
@@ -544,6 +554,28 @@ fastllm::rt::listCheckpointSteps(const std::string &dir) {
 //===----------------------------------------------------------------------===//
 
 const char *const fastllm::rt::kMasterRegion = "master";
+
+std::vector<Region> fastllm::rt::optimizerStateRegions(void *master,
+                                                       void *adamM,
+                                                       void *adamV,
+                                                       int64_t shardBytes) {
+  return {{kMasterRegion, master, shardBytes},
+          {"adam_m", adamM, shardBytes},
+          {"adam_v", adamV, shardBytes}};
+}
+
+int64_t fastllm::rt::countInvalid(const std::vector<Region> &state) {
+  int64_t bad = 0;
+  for (const Region &r : state) {
+    const float *x = static_cast<const float *>(r.data);
+    const int64_t n = r.bytes / int64_t(sizeof(float));
+    const bool nonNegative = r.name == "adam_v";
+#pragma omp parallel for reduction(+ : bad)
+    for (int64_t i = 0; i < n; ++i)
+      bad += !std::isfinite(x[i]) || (nonNegative && x[i] < 0);
+  }
+  return bad;
+}
 
 namespace {
 /// The memory the system can give without swapping (/proc/meminfo's
@@ -737,41 +769,6 @@ Expected<CheckpointLayout> fastllm::rt::checkpointLayout(const Manifest &m) {
   return l;
 }
 
-namespace {
-
-/// The regions a shard header lists, checked against the shard's rank and
-/// step; `what` says what is wrong otherwise.
-bool parseShardHeader(const std::string &header, int rank, int64_t step,
-                      std::vector<std::pair<std::string, uint64_t>> &regions,
-                      std::string &what) {
-  Expected<JsonValue> v = parseJson(header);
-  if (!v) {
-    what = "its header is not JSON: " + v.status().message();
-    return false;
-  }
-  const JsonValue *r = v->get("rank"), *s = v->get("step"),
-                  *list = v->get("regions");
-  std::optional<uint64_t> hr = r ? r->asUint64() : std::nullopt;
-  std::optional<uint64_t> hs = s ? s->asUint64() : std::nullopt;
-  if (!hr || !hs || *hr != uint64_t(rank) || *hs != uint64_t(step) || !list ||
-      list->kind != JsonValue::Kind::Array) {
-    what = "its header does not describe rank " + std::to_string(rank) +
-           "'s regions at step " + std::to_string(step);
-    return false;
-  }
-  for (const JsonValue &e : list->array) {
-    const JsonValue *name = e.get("name"), *bytes = e.get("bytes");
-    std::optional<uint64_t> n = bytes ? bytes->asUint64() : std::nullopt;
-    if (!name || name->kind != JsonValue::Kind::String || !n) {
-      what = "its header lists a region without a name and a byte count";
-      return false;
-    }
-    regions.push_back({name->text, *n});
-  }
-  return true;
-}
-
-} // namespace
 
 std::string fastllm::rt::readMasterShard(const std::string &folder, int rank,
                                          const Manifest &m,
@@ -785,22 +782,17 @@ std::string fastllm::rt::readMasterShard(const std::string &folder, int rank,
   const int fd = shard.fd.get();
   const std::string &header = shard.header;
   const uint64_t headerBytes = shard.headerBytes;
-  std::vector<std::pair<std::string, uint64_t>> regions;
-  std::string what;
-  if (!parseShardHeader(header, rank, m.step, regions, what))
-    return name + ": " + what;
-  // Where the master region starts among the data bytes, and their total.
+  // The header must be the one train writes for this layout, as --resume
+  // requires: the master region first, then AdamW's m and v.
   const uint64_t want = uint64_t(layout.paramElements / layout.dp) * 4;
-  uint64_t total = 0, begin = UINT64_MAX;
-  for (const auto &[region, bytes] : regions) {
-    if (region == kMasterRegion && bytes == want)
-      begin = total;
-    if (__builtin_add_overflow(total, bytes, &total))
-      return name + "'s header describes more bytes than a file holds";
-  }
-  if (begin == UINT64_MAX)
-    return name + " has no '" + kMasterRegion + "' region of " +
-           std::to_string(want) + " bytes";
+  const std::vector<Region> layoutRegions =
+      optimizerStateRegions(nullptr, nullptr, nullptr, int64_t(want));
+  if (header != shardHeader(rank, m.step, layoutRegions))
+    return name + "'s header does not describe rank " + std::to_string(rank) +
+           "'s regions at step " + std::to_string(m.step) + " (" +
+           kMasterRegion + ", adam_m, adam_v of " + std::to_string(want) +
+           " bytes each)";
+  const uint64_t begin = 0, total = 3 * want;
   if (16 + headerBytes + total != uint64_t(shard.size))
     return name + " has " + std::to_string(shard.size) +
            " bytes but its header describes " +
@@ -825,6 +817,10 @@ std::string fastllm::rt::readMasterShard(const std::string &folder, int rank,
   if (crc != expected.crc32c)
     return name + " fails its checksum (crc32c " + hex32(crc) +
            ", the manifest says " + hex32(expected.crc32c) + ")";
+  if (int64_t bad = countInvalid({{kMasterRegion, out, int64_t(want)}}))
+    return name + " holds " + std::to_string(bad) +
+           " master weights that are not finite, which no checkpoint is "
+           "saved with: it was altered after it was written";
   return "";
 }
 

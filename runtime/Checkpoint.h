@@ -162,8 +162,21 @@ bool hasManifest(const std::string &folder);
 //===----------------------------------------------------------------------===//
 
 /// The name of the region that holds a rank's shard of the fp32 master
-/// weights (runtime/Train.cpp saves "master", "adam_m", "adam_v").
+/// weights, the first of optimizerStateRegions().
 extern const char *const kMasterRegion;
+
+/// The regions a rank's shard holds, in order: the fp32 master weights and
+/// AdamW's m and v, `shardBytes` each (null data: a layout to compare a
+/// header with).
+std::vector<Region> optimizerStateRegions(void *master, void *adamM,
+                                          void *adamV, int64_t shardBytes);
+
+/// Values of `state`'s float regions that no saved checkpoint holds: not
+/// finite anywhere, or negative in AdamW's v (a mean of squares). Counted
+/// before a checkpoint is written (one that would hold them is refused) and
+/// after one is read (a shard whose checksum passes but holds them was
+/// written by something else).
+int64_t countInvalid(const std::vector<Region> &state);
 
 /// A parameter as the manifest's plan fingerprint records it.
 struct CheckpointParam {

@@ -102,20 +102,6 @@ Expected<CheckpointLock> prepareCheckpointDir(const std::string &dir,
   return lock;
 }
 
-/// Values of this rank's state that are not finite, counted before a
-/// checkpoint is written.
-int64_t countNonFinite(const std::vector<Region> &state) {
-  int64_t bad = 0;
-  for (const Region &r : state) {
-    const float *x = static_cast<const float *>(r.data);
-    int64_t n = r.bytes / int64_t(sizeof(float));
-#pragma omp parallel for reduction(+ : bad)
-    for (int64_t i = 0; i < n; ++i)
-      bad += !std::isfinite(x[i]);
-  }
-  return bad;
-}
-
 /// The options a checkpointed run depends on besides its plan. A resumed run
 /// may change them, but is warned that it will not repeat the original.
 Fingerprint runFingerprint(const Options &opts, int64_t dataTokens) {
@@ -478,9 +464,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   // full params are the all-gathered master shards; grads are zeroed every
   // step.
   const int64_t shardBytes = shardElements(plan) * int64_t(sizeof(float));
-  const std::vector<Region> state = {{"master", master, shardBytes},
-                                     {"adam_m", adamM, shardBytes},
-                                     {"adam_v", adamV, shardBytes}};
+  const std::vector<Region> state =
+      optimizerStateRegions(master, adamM, adamV, shardBytes);
   if (log)
     std::fprintf(log, "fastllm-opt %s: training %s\n%s\n", versionString(),
                  plan.target, planSummary(plan, opts).c_str());
@@ -649,7 +634,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   // is not finite (every rank counts its own and all learn the counts).
   auto checkpoint = [&](int64_t at) -> Status {
     Clock::time_point saveStart = Clock::now();
-    int64_t bad = countNonFinite(state);
+    int64_t bad = countInvalid(state);
     std::vector<int64_t> counts(dp);
     comm.allGatherBytes(&bad, counts.data(), sizeof(int64_t));
     std::string badRanks;
