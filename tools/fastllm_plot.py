@@ -77,9 +77,22 @@ MAX_NAME = 200
 MAX_TITLE = 400  # characters of a figure's title
 MAX_TITLE_LINES = 4
 MAX_LEGEND = 12  # entries in a metrics panel's legend
+# A picture's pixels (--size times --dpi, squared): matplotlib holds the
+# raster and copies of it, 4 bytes a pixel each.
+MAX_PIXELS = 40_000_000
 # The largest magnitude of a value drawn: an axis spanning -1e308..1e308
 # overflows matplotlib's arithmetic. Larger ones are marked like NaN.
 MAX_DRAWN = 1e250
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with the tools' exit status 1 for a bad command line (its
+    own is 2)."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(1)
 
 
 class PlotError(Exception):
@@ -94,6 +107,16 @@ def check_title(title):
         raise PlotError(f"--title has {len(title)} characters in "
                         f"{title.count(chr(10)) + 1} lines; a title has at "
                         f"most {MAX_TITLE} in {MAX_TITLE_LINES}")
+
+
+def check_pixels(size, dpi):
+    """--size at --dpi within MAX_PIXELS (each alone is bounded by its
+    parser; together 100x100 inches at 1000 dpi took 18 GB and more)."""
+    w, h = round(size[0] * dpi), round(size[1] * dpi)
+    if w * h > MAX_PIXELS:
+        raise PlotError(f"--size {size[0]:g}x{size[1]:g} at --dpi {dpi} is "
+                        f"{w} x {h} pixels; a picture has at most "
+                        f"{MAX_PIXELS:,} (lower --dpi or --size)")
 
 
 def set_title(fig, args, default):
@@ -642,8 +665,8 @@ def figure_size(text):
         w, h = (float(x) for x in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not WIDTHxHEIGHT")
-    if not (0 < w <= 100 and 0 < h <= 100):
-        raise argparse.ArgumentTypeError("the size is 0 to 100 inches a side")
+    if not (1 <= w <= 100 and 1 <= h <= 100):
+        raise argparse.ArgumentTypeError("the size is 1 to 100 inches a side")
     return (w, h)
 
 
@@ -712,7 +735,7 @@ def save(fig, path, fmt):
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog=PROG, description=__doc__.split("\n\n")[0],
         epilog="`fastllm-plot COMMAND --help` for each command's flags")
     commands = ap.add_subparsers(dest="command", required=True,
@@ -786,6 +809,7 @@ def main(argv):
         fmt = check_output(args.output, args.overwrite, formats)
         check_not_an_input(args.output, args.inputs)
         check_title(args.title)
+        check_pixels(args.size, args.dpi)
         draw = {"metrics": draw_metrics, "memory": draw_memory,
                 "trace": draw_trace}[args.command]
         fig = draw(args, plt)
@@ -809,7 +833,10 @@ def main(argv):
 
 def run(argv):
     """main, and a reader of its output that went away (`| head`) ends it
-    quietly, as it does other programs."""
+    quietly, as it does other programs. SIGTERM (a timeout, a scheduler)
+    unwinds like an exception, so that no temporary is left beside -o."""
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         code = main(argv)
         sys.stdout.flush()

@@ -140,10 +140,11 @@ class Harness:
     def path(self, name):
         return os.path.join(self.folder, name)
 
-    def case(self, name, argv, code, want_err=None, want_out=()):
+    def case(self, name, argv, code, want_err=None, want_out=(), usage=False):
         """Runs argv; passes when it exits with `code`, its stderr is exactly
-        `want_err` (a line; None: empty) and stdout holds every line of
-        `want_out`, within the time and memory bounds."""
+        `want_err` (a line; None: empty; with `usage`, argparse's usage
+        lines come first) and stdout holds every line of `want_out`, within
+        the time and memory bounds."""
         if self.list_only:
             print(f"CASE {name}")
             return
@@ -153,6 +154,8 @@ class Harness:
             problems.append(f"still running after {TIMEOUT} s (killed)")
         elif got != code:
             problems.append(f"exit {got}, expected {code}")
+        if usage and err.startswith("usage: "):
+            err = err.splitlines()[-1] + "\n"
         if want_err is not None and err != want_err + "\n":
             problems.append(f"stderr {err!r}, expected {want_err!r}")
         if want_err is None and err.strip():
@@ -572,6 +575,18 @@ def main():
         h.plot_error("long-title", "metrics", p("ok.jsonl"),
                      "--title has 100000 characters in 1 lines; a title has "
                      "at most 400 in 4", ["--title", "t" * 100000])
+        # The picture's pixels are bounded together, not only each flag
+        # (100x100 inches at 600 dpi took 18 GB), and a side is at least an
+        # inch (0.001 inch raised SystemError in PIL); a bad command line
+        # exits 1 like any other error.
+        h.plot_error("pixels", "metrics", p("ok.jsonl"),
+                     "--size 100x100 at --dpi 600 is 60000 x 60000 pixels; a "
+                     "picture has at most 40,000,000 (lower --dpi or --size)",
+                     ["--size", "100x100", "--dpi", "600"])
+        h.case("fastllm-plot metrics: --size 0.001x0.001",
+               [PLOT, "metrics", p("ok.jsonl"), "-o", p("tiny.png"), "--size",
+                "0.001x0.001"], 1, "fastllm-plot metrics: error: argument "
+               "--size: the size is 1 to 100 inches a side", usage=True)
         many = [p("ok.jsonl")] * 300
         h.case("fastllm-plot metrics: 300 inputs draw under a short title",
                [PLOT, "metrics", *many, "-o", p("many.png")], 0, None,
