@@ -20,6 +20,12 @@ LogicalResult mlir::fastllm::verifyZeroOptions(
     function_ref<void(const Twine &)> error) {
   if (dp < 1)
     return error(prefix + "dp must be at least 1, got " + Twine(dp)), failure();
+  // The plan and MPI count ranks in 32-bit ints; far more than any job.
+  constexpr int64_t kMaxDp = int64_t(1) << 20;
+  if (dp > kMaxDp)
+    return error(prefix + "dp must be at most " + Twine(kMaxDp) + ", got " +
+                 Twine(dp)),
+           failure();
   if (zeroStage < 1 || zeroStage > 3)
     return error(prefix + "zero-stage must be 1, 2 or 3, got " +
                  Twine(zeroStage)),

@@ -255,9 +255,10 @@ const Flag kFlags[] = {
        return Status();
      }},
     {"collective-timeout", "S", "300",
-     "abort the job when a collective waits longer than S seconds",
+     "abort the job when a collective waits longer than S seconds (at "
+     "least 1: a shorter wait fails healthy steps)",
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
-       return parseReal(f, v, 0, true, kInf, o.collectiveTimeout);
+       return parseReal(f, v, 1, false, kInf, o.collectiveTimeout);
      }},
     {"max-skipped-steps", "N", "5",
      "stop with an error after N consecutive steps skipped for a non-finite "

@@ -143,7 +143,9 @@ TEST(Flags, CheckpointFlagsGoTogether) {
   EXPECT_EQ(parseError({"--checkpoint-dir=ck", "--checkpoint-every", "0"}),
             "--checkpoint-every must be at least 1, got 0");
   EXPECT_EQ(parseError({"--collective-timeout", "0"}),
-            "--collective-timeout must be > 0, got 0");
+            "--collective-timeout must be >= 1, got 0");
+  EXPECT_EQ(parseError({"--collective-timeout", "1e-9"}),
+            "--collective-timeout must be >= 1, got 1e-9");
 }
 
 TEST(Flags, LastOccurrenceWins) {
