@@ -198,6 +198,13 @@ Expected<Fingerprint> parseFingerprint(const JsonValue *v, const char *what) {
   for (const auto &[key, value] : v->object) {
     if (value.kind != JsonValue::Kind::String)
       return errorf("'%s.%s' is not a string", what, key.c_str());
+    // No save writes control characters; a NUL would also cut the
+    // messages that quote the value short.
+    for (const std::string *text : {&key, &value.text})
+      if (std::any_of(text->begin(), text->end(),
+                      [](char c) { return (unsigned char)c < 0x20; }))
+        return errorf("'%s' holds a control character in a %s", what,
+                      text == &key ? "key" : "value");
     f.push_back({key, value.text});
   }
   return f;

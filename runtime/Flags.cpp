@@ -62,8 +62,10 @@ Status parseReal(const char *flag, const std::string &v, double lo, bool openLo,
                  double hi, double &out) {
   char *end;
   double x = std::strtod(v.c_str(), &end);
+  // Decimal only: strtod also reads hexadecimal ("0x10" is 16).
   if (end == v.c_str() || *end || !std::isfinite(x) ||
-      std::isspace(static_cast<unsigned char>(v[0])))
+      std::isspace(static_cast<unsigned char>(v[0])) ||
+      v.find_first_of("xX") != std::string::npos)
     return errorf("--%s expects a number, got '%s'", flag, v.c_str());
   if (x < lo || (openLo && x == lo) || x >= hi) {
     if (hi != INFINITY)
@@ -456,6 +458,9 @@ public:
   std::vector<CLI::ConfigItem> from_config(std::istream &input) const override {
     std::string text((std::istreambuf_iterator<char>(input)),
                      std::istreambuf_iterator<char>());
+    // A byte-order mark (some editors write one) is not part of a key.
+    if (text.compare(0, 3, "\xEF\xBB\xBF") == 0)
+      text.erase(0, 3);
     std::vector<std::string> keys = checkLines(text);
     std::istringstream again(text);
     std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(again);

@@ -552,6 +552,17 @@ int writeTokenFiles(Encoder &encoder, ArrayRef<std::string> inputs,
     return 1;
   const uint64_t total = *counted;
   const uint64_t valTokens = uint64_t(double(total) * valFraction);
+  // An empty token file trains nothing: say so here, not at `train`.
+  if (total == 0) {
+    dataError() << "the input holds no text to tokenize; nothing written\n";
+    return 1;
+  }
+  if (valFraction > 0 && valTokens == 0) {
+    dataError() << "--val-fraction " << format("%g", valFraction) << " of "
+                << total << " tokens is less than one token; nothing written "
+                << "(raise it, or drop --val-output)\n";
+    return 1;
+  }
   const uint64_t vocabulary = encoder.vocabulary();
   TokenWriter train(output, vocabulary, encoder.bytesPerToken(),
                     total - valTokens);
@@ -772,7 +783,14 @@ int dataMain(int argc, char **argv) {
     return 1;
   }
   if ((valFraction > 0) != !valOutput.empty()) {
-    dataError() << "--val-fraction and --val-output go together\n";
+    dataError() << (valOutput.empty()
+                        ? "--val-fraction needs --val-output FILE"
+                        : "--val-output needs a --val-fraction above 0")
+                << "\n";
+    return 1;
+  }
+  if (jsonlField.getNumOccurrences() && jsonlField.empty()) {
+    dataError() << "--jsonl-field: an empty field name\n";
     return 1;
   }
   bool sentencePiece = tokenizer == TokenizerKind::SentencePiece;

@@ -99,6 +99,10 @@ TEST(Json, RejectsMalformedText) {
             "'{', or a literal at byte 3");
   EXPECT_EQ(parseJson("{\"a\":1,\n \"a\":2}").status().message(),
             "duplicate key \"a\" at byte 12");
+  // A byte the lexer quotes is shown escaped.
+  std::string raw = parseJson("\xff").status().message();
+  EXPECT_NE(raw.find("\\xff"), std::string::npos) << raw;
+  EXPECT_EQ(raw.find('\xff'), std::string::npos) << raw;
   // Strings must be UTF-8; trailing data is an error.
   EXPECT_FALSE(parseJson("\"\xff\"").ok());
   EXPECT_FALSE(parseJson("\"\xc3\"").ok());
