@@ -141,6 +141,12 @@ TEST(Fingerprint, NamesTheFirstDifference) {
             "params[3].name is absent in the checkpoint but head now");
   EXPECT_EQ(*firstDifference(c, a),
             "params[3].name is head in the checkpoint but absent now");
+  // Any byte may be in a value (parameter names hold NUL and newlines):
+  // the message shows it escaped, whole and on one line.
+  Fingerprint d = a;
+  d[0].second = std::string("cp\0u\n", 5);
+  EXPECT_EQ(*firstDifference(d, a),
+            "target is cp\\x00u\\x0a in the checkpoint but cpu now");
 }
 
 TEST(Fingerprint, CoversThePlansIdentifyingFields) {
