@@ -18,7 +18,11 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/JSON.h"
 
+#include "llvm/ADT/DenseMap.h"
+
 #include <cstring>
+#include <memory>
+#include <vector>
 
 using namespace mlir;
 using namespace mlir::fastllm;
@@ -120,7 +124,9 @@ void GraphImporter::tieFoldedCopies() {
       if (auto old = source->getAttrOfType<ArrayAttr>("model.folded_views"))
         views.append(old.begin(), old.end());
       views.push_back(builder.getStringAttr(
-          (name + (transposed ? " = transpose" : " = copy")).str()));
+          (name + (transposed ? " = transpose(" : " = copy(") +
+           source.getSymName() + ")")
+              .str()));
       source->setAttr("model.folded_views", builder.getArrayAttr(views));
       // The copy's bytes go now: nothing else reads its blob (each
       // initializer has its own), and the blob manager would keep them
@@ -132,6 +138,194 @@ void GraphImporter::tieFoldedCopies() {
       copy.erase();
       break;
     }
+  }
+}
+
+/// A 64-bit hash of `bytes` (FNV-1a), to find equal rows among many.
+static uint64_t hashBytes(const char *bytes, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i)
+    h = (h ^ (unsigned char)bytes[i]) * 1099511628211ull;
+  return h;
+}
+
+namespace {
+/// The rows of a 2-D parameter (or of its transpose: its columns), hashed,
+/// to find which row a folded vector is.
+struct RowIndex {
+  model::ParameterOp source;
+  bool columns = false;
+  int64_t count = 0, width = 0; ///< rows of `width` elements
+  std::vector<char> bytes;      ///< the rows, row-major (copied for columns)
+  llvm::DenseMap<uint64_t, SmallVector<int64_t, 1>> byHash;
+
+  const char *row(int64_t i) const {
+    return bytes.data() + i * width * int64_t(sizeof(float));
+  }
+  /// The rows equal to `data` (`width` floats), bit for bit.
+  SmallVector<int64_t, 1> find(const char *data) const {
+    SmallVector<int64_t, 1> found;
+    auto it = byHash.find(hashBytes(data, width * sizeof(float)));
+    if (it != byHash.end())
+      for (int64_t i : it->second)
+        if (std::memcmp(row(i), data, width * sizeof(float)) == 0)
+          found.push_back(i);
+    return found;
+  }
+};
+} // namespace
+
+/// Constant folding also turns a weight's row used as a vector (a learned
+/// special token `wte.weight[k]`, a [MASK] embedding added after the
+/// lookup, a column `W[:, j]`) into an initializer under a generated name
+/// (`onnx::Where_N`). Trained as a parameter of its own it would get no
+/// weight decay and break the tie with its table; step 1's loss is equal,
+/// later ones drift. A generated-name float initializer whose rows (its last
+/// dim, the leading dims flattened) are each exactly one row of one 2-D
+/// parameter, or one column, is read as a gather of that parameter
+/// instead. Rows found in two places (duplicate rows, two parameters) are
+/// left alone and marked `model.ambiguous_view`, as are vectors whose
+/// elements are all equal (equal values prove nothing).
+void GraphImporter::tieFoldedRows(const onnx::GraphProto &graph) {
+  SmallVector<model::ParameterOp> params(module.getOps<model::ParameterOp>());
+  // Parameters of equal value are stored once, the others read through
+  // Identity nodes (split apart later): a row of such a tensor may be a row
+  // of any of them.
+  llvm::StringMap<std::string> identityCopy;
+  for (const onnx::NodeProto &node : graph.node())
+    if (node.op_type() == "Identity" && node.input_size() == 1 &&
+        node.output_size() == 1)
+      identityCopy.try_emplace(node.input(0), node.output(0));
+  std::vector<std::unique_ptr<RowIndex>> indexes; // built when first needed
+  auto indexFor = [&](model::ParameterOp source, bool columns) -> RowIndex * {
+    for (auto &ix : indexes)
+      if (ix->source == source && ix->columns == columns)
+        return ix.get();
+    ArrayRef<int64_t> shape = source.getTensorType().getShape();
+    ArrayRef<char> src = parameterBytes(source);
+    auto ix = std::make_unique<RowIndex>();
+    ix->source = source;
+    ix->columns = columns;
+    ix->count = columns ? shape[1] : shape[0];
+    ix->width = columns ? shape[0] : shape[1];
+    const int64_t w = sizeof(float), cols = shape[1];
+    if (columns) {
+      ix->bytes.resize(src.size());
+      for (int64_t i = 0; i < shape[0]; ++i)
+        for (int64_t j = 0; j < cols; ++j)
+          std::memcpy(ix->bytes.data() + (j * shape[0] + i) * w,
+                      src.data() + (i * cols + j) * w, w);
+    } else {
+      ix->bytes.assign(src.begin(), src.end());
+    }
+    releaseMappedPages(src);
+    for (int64_t i = 0; i < ix->count; ++i)
+      ix->byHash[hashBytes(ix->row(i), ix->width * w)].push_back(i);
+    indexes.push_back(std::move(ix));
+    return indexes.back().get();
+  };
+
+  for (model::ParameterOp copy : params) {
+    StringRef name = copy.getSymName();
+    RankedTensorType type = copy.getTensorType();
+    if (!name.starts_with("onnx::") || type.getRank() < 1 ||
+        !type.getElementType().isF32() || !type.hasStaticShape())
+      continue;
+    const int64_t width = type.getShape().back();
+    ArrayRef<char> data = parameterBytes(copy);
+    if (width < 2 || data.empty() || allElementsEqual(data))
+      continue;
+    const int64_t rows = int64_t(data.size() / sizeof(float)) / width;
+    // Every match: (index, row indices); a row found twice in one index
+    // makes that index ambiguous.
+    struct Match {
+      RowIndex *index;
+      std::vector<int64_t> rows;
+    };
+    SmallVector<Match> matches;
+    bool ambiguous = false;
+    std::string repeatedIn; // a parameter in which a row appears twice
+    for (model::ParameterOp source : params) {
+      RankedTensorType st = source.getTensorType();
+      if (source == copy || source.getSymName().starts_with("onnx::") ||
+          st.getRank() != 2 || !st.getElementType().isF32() ||
+          !st.hasStaticShape() || parameterBytes(source).empty())
+        continue;
+      for (bool columns : {false, true}) {
+        if ((columns ? st.getDimSize(0) : st.getDimSize(1)) != width)
+          continue;
+        RowIndex *ix = indexFor(source, columns);
+        Match m{ix, {}};
+        for (int64_t r = 0; r < rows; ++r) {
+          SmallVector<int64_t, 1> found =
+              ix->find(data.data() + r * width * int64_t(sizeof(float)));
+          if (found.size() != 1) {
+            if (found.size() > 1 && !ambiguous) {
+              ambiguous = true;
+              repeatedIn = source.getSymName().str();
+            }
+            m.rows.clear();
+            break;
+          }
+          m.rows.push_back(found.front());
+        }
+        if (!m.rows.empty())
+          matches.push_back(std::move(m));
+      }
+    }
+    releaseMappedPages(data);
+    if (matches.size() != 1 || ambiguous) {
+      std::string why;
+      if (ambiguous)
+        why = "its values are a row that '" + repeatedIn + "' holds twice";
+      else if (matches.size() > 1)
+        why = "its values are rows of both '" +
+              matches[0].index->source.getSymName().str() + "' and '" +
+              matches[1].index->source.getSymName().str() + "'" +
+              (matches[0].index->source == matches[1].index->source
+                   ? " (rows and columns)"
+                   : "");
+      if (!why.empty())
+        copy->setAttr("model.ambiguous_view", builder.getStringAttr(why));
+      continue;
+    }
+    Match &m = matches.front();
+    model::ParameterOp source = m.index->source;
+    if (auto it = identityCopy.find(source.getSymName());
+        it != identityCopy.end()) {
+      copy->setAttr("model.ambiguous_view",
+                    builder.getStringAttr(
+                        "its values are rows of '" + source.getSymName().str() +
+                        "', which the exporter also stores for '" +
+                        it->second + "' (parameters of equal value are "
+                        "stored once)"));
+      continue;
+    }
+    ImportedValue view;
+    view.type = type;
+    view.parameter = source.getSymName().str();
+    view.parameterType = source.getTensorType();
+    view.transposed = m.index->columns;
+    view.rows = m.rows;
+    std::string shown;
+    for (size_t i = 0; i < m.rows.size() && i < 8; ++i)
+      shown += (i ? ", " : "") + std::to_string(m.rows[i]);
+    if (m.rows.size() > 8)
+      shown += ", ... (" + std::to_string(m.rows.size()) + ")";
+    SmallVector<Attribute> views;
+    if (auto old = source->getAttrOfType<ArrayAttr>("model.folded_views"))
+      views.append(old.begin(), old.end());
+    views.push_back(builder.getStringAttr(
+        (name + " = " + (m.index->columns ? "columns" : "rows") + " [" +
+         shown + "] of " + source.getSymName())
+            .str()));
+    source->setAttr("model.folded_views", builder.getArrayAttr(views));
+    values[name] = std::move(view);
+    cast<DenseResourceElementsAttr>(copy.getInitialValueAttr())
+        .getRawHandle()
+        .getResource()
+        ->setBlob(AsmResourceBlob());
+    copy.erase();
   }
 }
 

@@ -40,6 +40,7 @@ OwningOpRef<ModuleOp> GraphImporter::run(onnx::ModelProto &model) {
   indexNames(graph);
   if (!options.keepSharedInitializers) {
     tieFoldedCopies();
+    tieFoldedRows(graph);
     nameFoldedWeights();
   }
 
@@ -514,6 +515,20 @@ Value GraphImporter::materialize(ImportedValue &v) {
     return v.value;
   if (v.host) {
     v.value = builder.create<model::ConstantOp>(fileLoc, v.host->toAttr());
+  } else if (!v.rows.empty()) {
+    auto loc = NameLoc::get(builder.getStringAttr(v.parameter), fileLoc);
+    Value read = builder.create<model::GetParameterOp>(
+        loc, v.parameterType, FlatSymbolRefAttr::get(context, v.parameter));
+    if (v.transposed)
+      read = builder.create<model::TransposeOp>(loc, read,
+                                                ArrayRef<int64_t>{1, 0});
+    ArrayRef<int64_t> shape = v.type.getShape();
+    auto indexType = RankedTensorType::get(shape.drop_back(),
+                                           builder.getIntegerType(64));
+    Value indices = builder.create<model::ConstantOp>(
+        loc, DenseElementsAttr::get(indexType, ArrayRef<int64_t>(v.rows)));
+    v.value = builder.create<model::GatherOp>(loc, v.type, read, indices,
+                                              builder.getI64IntegerAttr(0));
   } else if (v.transposed) {
     auto loc = NameLoc::get(builder.getStringAttr(v.parameter), fileLoc);
     RankedTensorType stored = RankedTensorType::get(

@@ -165,6 +165,7 @@ private:
 
   // FoldedWeights.cpp
   void tieFoldedCopies();
+  void tieFoldedRows(const onnx::GraphProto &graph);
   void indexNames(const onnx::GraphProto &graph);
   std::string matmulModule(StringRef value) const;
   std::string claimWeightName(StringRef modulePath);

@@ -20,6 +20,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace mlir::fastllm {
 
@@ -33,6 +34,13 @@ struct ImportedValue {
   /// The parameter read transposed: a folded `W^T` copy the exporter made of
   /// a weight, read as a view so the tie survives (see GraphImporter).
   bool transposed = false;
+  /// A folded copy of rows of the parameter (of its transpose, i.e. its
+  /// columns, when `transposed`): the row indices, laid out as `type`'s
+  /// leading dims; read as a gather, so that the rows' gradients reach the
+  /// parameter. Empty: not a row view.
+  std::vector<int64_t> rows;
+  /// The parameter's own type, for a row view.
+  RankedTensorType parameterType;
 };
 
 class GraphImporter;

@@ -100,8 +100,7 @@ void mlir::fastllm::printModelSummary(ModuleOp module, llvm::raw_ostream &os) {
               "--keep-shared-initializers keeps them apart):\n";
       header = true;
       for (Attribute v : views)
-        os << "    " << cast<StringAttr>(v).getValue() << "(" << p.getSymName()
-           << ")\n";
+        os << "    " << cast<StringAttr>(v).getValue() << "\n";
     }
   header = false;
   for (auto p : module.getOps<model::ParameterOp>())

@@ -55,9 +55,30 @@ static LogicalResult applyFreezeRegexes(ModuleOp module, StringRef freeze,
     for (auto param : module.getOps<ParameterOp>())
       if (regex.match(param.getSymName())) {
         param.setFrozen(value);
+        param->removeAttr("model.ambiguous_view"); // the user decided
         if (!value)
           param->removeAttr("model.constant_reason");
       }
+  }
+  // A folded constant the importer could not identify (its rows are rows
+  // of more than one parameter) would train as a tensor of its own, the tie
+  // with whichever it was broken, without a word: refused until decided.
+  for (auto param : module.getOps<ParameterOp>()) {
+    auto why = param->getAttrOfType<StringAttr>("model.ambiguous_view");
+    if (!why || param.getFrozen())
+      continue;
+    return param.emitError("'")
+           << param.getSymName()
+           << "' is a constant the exporter folded out of a parameter, and "
+              "which one cannot be told: "
+           << why.getValue()
+           << ". Trained as a tensor of its own it would not be tied to its "
+              "source. Export in training mode without folding "
+              "(tools/fastllm_export.py does), or decide: --freeze '^"
+           << llvm::Regex::escape(param.getSymName())
+           << "$' keeps it constant, --train '^"
+           << llvm::Regex::escape(param.getSymName())
+           << "$' trains it on its own";
   }
   return success();
 }
