@@ -184,8 +184,9 @@ struct RowIndex {
 /// dim, the leading dims flattened) are each exactly one row of one 2-D
 /// parameter, or one column, is read as a gather of that parameter
 /// instead. Rows found in two places (duplicate rows, two parameters) are
-/// left alone and marked `model.ambiguous_view`, as are vectors whose
-/// elements are all equal (equal values prove nothing).
+/// left alone and marked `model.undecided` (compile refuses them unless
+/// --train or --freeze decides); vectors whose elements are all equal are
+/// left alone (equal values prove nothing).
 void GraphImporter::tieFoldedRows(const onnx::GraphProto &graph) {
   SmallVector<model::ParameterOp> params(module.getOps<model::ParameterOp>());
   // Parameters of equal value are stored once, the others read through
@@ -277,28 +278,30 @@ void GraphImporter::tieFoldedRows(const onnx::GraphProto &graph) {
     if (matches.size() != 1 || ambiguous) {
       std::string why;
       if (ambiguous)
-        why = "its values are a row that '" + repeatedIn + "' holds twice";
+        why = "it is a constant the exporter folded out of a row that '" +
+              repeatedIn + "' holds twice, and which row cannot be told";
       else if (matches.size() > 1)
-        why = "its values are rows of both '" +
+        why = "it is a constant the exporter folded out of rows of both '" +
               matches[0].index->source.getSymName().str() + "' and '" +
               matches[1].index->source.getSymName().str() + "'" +
               (matches[0].index->source == matches[1].index->source
                    ? " (rows and columns)"
                    : "");
       if (!why.empty())
-        copy->setAttr("model.ambiguous_view", builder.getStringAttr(why));
+        copy->setAttr("model.undecided", builder.getStringAttr(why));
       continue;
     }
     Match &m = matches.front();
     model::ParameterOp source = m.index->source;
     if (auto it = identityCopy.find(source.getSymName());
         it != identityCopy.end()) {
-      copy->setAttr("model.ambiguous_view",
+      copy->setAttr("model.undecided",
                     builder.getStringAttr(
-                        "its values are rows of '" + source.getSymName().str() +
+                        "it is a constant the exporter folded out of rows of '" +
+                        source.getSymName().str() +
                         "', which the exporter also stores for '" +
                         it->second + "' (parameters of equal value are "
-                        "stored once)"));
+                        "stored once), and whose rows cannot be told"));
       continue;
     }
     ImportedValue view;

@@ -232,6 +232,27 @@ LogicalResult GraphImporter::decideTrainable(const onnx::ModelProto &model,
       if (isFloat(v))
         needed.insert(v);
   }
+  // The same walk not passing through sin and cos: what the loss reaches
+  // only through them is an angle table (rotary or positional frequencies,
+  // computed from a buffer that constant folding may have folded with
+  // them), which PyTorch keeps in buffers, not weights.
+  llvm::DenseSet<Value> direct;
+  for (Value v : body.getTerminator()->getOperands())
+    if (isFloat(v))
+      direct.insert(v);
+  llvm::StringSet<> reachedDirectly;
+  for (Operation &op : llvm::reverse(body.without_terminator())) {
+    if (!llvm::any_of(op.getResults(),
+                      [&](Value r) { return direct.contains(r); }))
+      continue;
+    if (auto get = dyn_cast<model::GetParameterOp>(op))
+      reachedDirectly.insert(get.getName());
+    if (isa<model::SinOp, model::CosOp>(op))
+      continue;
+    for (Value v : op.getOperands())
+      if (isFloat(v))
+        direct.insert(v);
+  }
 
   for (auto param : module.getOps<model::ParameterOp>()) {
     StringRef name = param.getSymName();
@@ -250,8 +271,18 @@ LogicalResult GraphImporter::decideTrainable(const onnx::ModelProto &model,
                "comparisons, casts to integers or indices)";
     else if (holdsNonFinite(param))
       reason = "holds infinities or NaNs";
-    if (reason.empty())
+    if (reason.empty()) {
+      // Without the exporter's list, a table read only through sin and
+      // cos is a buffer in all likelihood, but not for certain (a learned
+      // frequency): compile asks (passes/Autodiff.cpp).
+      if ((!trainable || exporterNamed) && !reachedDirectly.contains(name))
+        param->setAttr("model.undecided",
+                       builder.getStringAttr(
+                           "the loss reads it only through sin and cos, as "
+                           "a rotary or positional frequency table that "
+                           "PyTorch keeps in a buffer"));
       continue;
+    }
     param.setFrozen(true);
     param->setAttr("model.constant_reason", builder.getStringAttr(reason));
   }

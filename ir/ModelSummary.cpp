@@ -142,4 +142,13 @@ void mlir::fastllm::printModelSummary(ModuleOp module, llvm::raw_ostream &os) {
       header = true;
       os << "    " << p.getSymName() << ": " << why.getValue() << "\n";
     }
+  header = false;
+  for (auto p : module.getOps<model::ParameterOp>())
+    if (auto why = p->getAttrOfType<StringAttr>("model.undecided")) {
+      if (!header)
+        os << "  initializers that may not be weights: compile stops until "
+              "--train or --freeze decides each:\n";
+      header = true;
+      os << "    " << p.getSymName() << ": " << why.getValue() << "\n";
+    }
 }

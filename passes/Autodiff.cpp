@@ -55,30 +55,28 @@ static LogicalResult applyFreezeRegexes(ModuleOp module, StringRef freeze,
     for (auto param : module.getOps<ParameterOp>())
       if (regex.match(param.getSymName())) {
         param.setFrozen(value);
-        param->removeAttr("model.ambiguous_view"); // the user decided
+        param->removeAttr("model.undecided"); // the user decided
         if (!value)
           param->removeAttr("model.constant_reason");
       }
   }
-  // A folded constant the importer could not identify (its rows are rows
-  // of more than one parameter) would train as a tensor of its own, the tie
-  // with whichever it was broken, without a word: refused until decided.
+  // What the importer could not prove a weight (a folded row found in two
+  // places, a table read only through sin and cos) would train, or not,
+  // unlike PyTorch without a word: refused until decided.
   for (auto param : module.getOps<ParameterOp>()) {
-    auto why = param->getAttrOfType<StringAttr>("model.ambiguous_view");
+    auto why = param->getAttrOfType<StringAttr>("model.undecided");
     if (!why || param.getFrozen())
       continue;
+    std::string pattern = "'^" + llvm::Regex::escape(param.getSymName()) + "$'";
     return param.emitError("'")
-           << param.getSymName()
-           << "' is a constant the exporter folded out of a parameter, and "
-              "which one cannot be told: "
+           << param.getSymName() << "' may not be a weight of the model: "
            << why.getValue()
-           << ". Trained as a tensor of its own it would not be tied to its "
-              "source. Export in training mode without folding "
-              "(tools/fastllm_export.py does), or decide: --freeze '^"
-           << llvm::Regex::escape(param.getSymName())
-           << "$' keeps it constant, --train '^"
-           << llvm::Regex::escape(param.getSymName())
-           << "$' trains it on its own";
+           << ". Trained or not, a wrong guess would differ from PyTorch "
+              "without a word. Export with tools/fastllm_export.py "
+              "(training mode, no folding, the model's parameters listed in "
+              "the file), or decide: --freeze "
+           << pattern << " keeps it constant, --train " << pattern
+           << " trains it";
   }
   return success();
 }
