@@ -28,7 +28,6 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
@@ -279,12 +278,21 @@ Status truncateMetrics(const std::string &path, int64_t step) {
 
 using Clock = std::chrono::steady_clock;
 
-/// The process's peak resident set so far, in bytes.
+/// The process's own peak resident set so far, in bytes: VmHWM from
+/// /proc/self/status. (getrusage's ru_maxrss survives exec: a run started
+/// from a large Python process reported the parent's 1176 MiB.) -1 when it
+/// cannot be read.
 int64_t peakRssBytes() {
-  struct rusage usage;
-  if (getrusage(RUSAGE_SELF, &usage) != 0)
+  FILE *f = std::fopen("/proc/self/status", "re");
+  if (!f)
     return -1;
-  return int64_t(usage.ru_maxrss) * 1024; // Linux: KiB
+  char line[256];
+  long long kib = -1;
+  while (std::fgets(line, sizeof(line), f))
+    if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1)
+      break;
+  std::fclose(f);
+  return kib < 0 ? -1 : int64_t(kib) * 1024;
 }
 
 /// Now as ISO 8601 UTC with milliseconds, and as local hh:mm:ss.
