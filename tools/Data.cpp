@@ -874,6 +874,17 @@ int dataMain(int argc, char **argv) {
     dataError() << clash << "\n";
     return 1;
   }
+  // An output's folder is created as compile -o creates its own.
+  for (const std::string &out : outputs) {
+    StringRef folder = sys::path::parent_path(out);
+    if (folder.empty())
+      continue;
+    if (std::error_code ec = sys::fs::create_directories(folder)) {
+      dataError() << "cannot create the folder '" << folder << "' of '" << out
+                  << "': " << ec.message() << "\n";
+      return 1;
+    }
+  }
 
   // A SentencePiece model from the user is read by a library that trusts
   // it (a damaged trie crashes it): the model's load and the counting pass
