@@ -72,10 +72,21 @@ FailureOr<InputRoles> mlir::fastllm::assignInputRoles(func::FuncOp step,
     if (t && isa<IntegerType>(t.getElementType()))
       ints.push_back(arg.getArgNumber());
   }
-  if (ints.size() != 2 || step.getNumArguments() != 2)
-    return step.emitError("the training step must take exactly two integer "
-                          "inputs (tokens and targets), got ")
-           << step.getFunctionType().getInputs();
+  if (ints.size() != 2 || step.getNumArguments() != 2) {
+    InFlightDiagnostic d =
+        step.emitError("the training step must take exactly two integer "
+                       "inputs (tokens and targets), got ")
+        << step.getFunctionType().getInputs();
+    // PyTorch's exporter drops an input the graph does not read: a forward
+    // that takes targets but returns logits (or computes the loss without
+    // them) comes out with the token ids alone.
+    if (ints.size() == 1 && step.getNumArguments() == 1)
+      d.attachNote() << "the exporter drops an input the graph does not "
+                        "read: the model's forward must compute the loss "
+                        "from the targets it takes and return it (forward"
+                        "(idx, targets) -> loss)";
+    return d;
+  }
   Evidence evidence[2] = {evidenceFor(step, step.getArgument(ints[0])),
                           evidenceFor(step, step.getArgument(ints[1]))};
   std::string names[2] = {inputName(step, ints[0]), inputName(step, ints[1])};

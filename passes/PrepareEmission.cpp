@@ -52,15 +52,12 @@ FailureOr<int64_t> vocabularyBound(func::FuncOp step, Value tokens,
     InFlightDiagnostic d =
         step.emitError("cannot tell the vocabulary size: no loss on the "
                        "targets and no gather of the tokens");
-    auto name = [&](Value input) -> std::string {
-      unsigned i = cast<BlockArgument>(input).getArgNumber();
-      auto n = step.getArgAttrOfType<StringAttr>(i, "model.name");
-      return n ? n.getValue().str() : "arg" + std::to_string(i);
-    };
-    d.attachNote() << "the inputs were taken in their order: tokens '"
-                   << name(tokens) << "', targets '" << name(targets)
-                   << "'; if that is wrong, name them with --input-tokens "
-                      "and --input-targets";
+    // (Naming the inputs would not help: the roles were read from the
+    // graph, which gives neither a role.)
+    d.attachNote() << "the token file's ids are checked against the "
+                      "vocabulary: the model must look its token ids up in "
+                      "a table (nn.Embedding, a gather) or take a "
+                      "cross-entropy over the targets' classes";
     return failure();
   }
   return vocab;

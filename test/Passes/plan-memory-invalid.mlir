@@ -27,3 +27,14 @@ func.func @train_step(%tok: tensor<2x4xi64>, %x: tensor<2x4xf32>) -> tensor<f32>
   %c = model.constant dense<1.0> : tensor<f32>
   return %c : tensor<f32>
 }
+
+// -----
+
+// The token ids alone: the exporter dropped the targets the graph did not
+// read, and the message says so.
+// expected-error @+2 {{the training step must take exactly two integer inputs (tokens and targets)}}
+// expected-note @+1 {{the exporter drops an input the graph does not read}}
+func.func @train_step(%tok: tensor<2x4xi64>) -> tensor<f32> {
+  %c = model.constant dense<1.0> : tensor<f32>
+  return %c : tensor<f32>
+}
