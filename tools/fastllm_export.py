@@ -29,7 +29,9 @@ ExportCheckError.
 
 Run with Debian's python3 (python3-torch, python3-onnx). The model's forward
 must take the token ids and the targets, both int64 [batch, seq], and return
-the scalar loss.
+the scalar loss: alone, as the one scalar of a tuple such as (logits, loss),
+or as the 'loss' entry of a dict (a Hugging Face output); the helper says
+which it took, and the file's one output is the loss.
 """
 import copy
 import inspect
@@ -101,9 +103,15 @@ def export(model, example_inputs, path, input_names=("idx", "targets"),
     """
     example_inputs = tuple(example_inputs)
     was_training = model.training
+    rng = torch.get_rng_state()  # the probe's dropout must not move it
+    with torch.no_grad():
+        pick, how = _loss_picker(model(*example_inputs))
+    torch.set_rng_state(rng)
+    if how != "the loss forward returns":
+        print(f"fastllm_export: the loss is {how}")
     with tempfile.TemporaryDirectory(prefix="fastllm-export-") as tmp:
         raw = os.path.join(tmp, "raw.onnx")
-        _export(model, example_inputs, raw, input_names, output_name, opset_version)
+        _export(model, example_inputs, raw, input_names, output_name, opset_version, pick)
         proto = onnx.load(raw)
         graph_names = {t.name for t in proto.graph.initializer}
         trainable, frozen, missing = _parameter_names(model, graph_names)
@@ -115,21 +123,65 @@ def export(model, example_inputs, path, input_names=("idx", "targets"),
         _record_parameters(raw, path, trainable, frozen, proto)
         if check:
             _check(model, example_inputs, path, input_names, output_name,
-                   opset_version, tool, rtol, tmp, verbose, trainable, frozen)
+                   opset_version, tool, rtol, tmp, verbose, trainable, frozen, pick)
     model.train(was_training)
     return trainable, frozen
 
 
-def _export(model, inputs, path, input_names, output_name, opset_version):
+class ExportError(RuntimeError):
+    """The model cannot be exported for training as it is (what its forward
+    returns holds no loss the helper can tell)."""
+
+
+def _loss_picker(output):
+    """(pick, how): a function taking forward's output to the loss, and
+    what it took. forward may return the loss, a dict (or a Hugging Face
+    output) with a 'loss' entry, or a tuple or list holding one scalar
+    float tensor, such as (logits, loss)."""
+    if torch.is_tensor(output):
+        return (lambda out: out), "the loss forward returns"
+    if isinstance(output, dict):
+        if torch.is_tensor(output.get("loss")) and output["loss"].dim() == 0:
+            return (lambda out: out["loss"]), "the 'loss' entry of the dict forward returns"
+        raise ExportError("forward returned a dict without a scalar 'loss' entry "
+                          f"(keys: {', '.join(map(str, output))})")
+    if isinstance(output, (tuple, list)):
+        scalars = [i for i, o in enumerate(output)
+                   if torch.is_tensor(o) and o.dim() == 0 and o.is_floating_point()]
+        if len(scalars) == 1:
+            i = scalars[0]
+            return (lambda out: out[i]), (f"element {i} of the {len(output)} forward "
+                                          "returns (the one scalar)")
+        raise ExportError(f"forward returned a {type(output).__name__} of {len(output)} "
+                          f"with {len(scalars)} scalar float tensors: return the loss "
+                          "alone, or a dict with a 'loss' entry")
+    raise ExportError(f"forward returned a {type(output).__name__}, not a loss tensor, "
+                      "a dict with a 'loss' entry or a tuple holding the loss")
+
+
+def _export(model, inputs, path, input_names, output_name, opset_version, pick):
     # The TorchScript exporter, which fastllm-opt is tested with: PyTorch 2.9
     # made the torch.export-based one (dynamo=True) the default.
     extra = {}
     if "dynamo" in inspect.signature(torch.onnx.export).parameters:
         extra["dynamo"] = False
-    torch.onnx.export(model, inputs, path, input_names=list(input_names),
-                      output_names=[output_name], opset_version=opset_version,
-                      training=torch.onnx.TrainingMode.TRAINING,
-                      do_constant_folding=False, **extra)
+    # The graph's one output is the loss: forward, seen through `pick`,
+    # for the time of the export (an instance attribute shadows the
+    # method; the model's own is back afterwards).
+    had = "forward" in vars(model)
+    own = vars(model).get("forward")
+    forward = model.forward
+    model.forward = lambda *args: pick(forward(*args))
+    try:
+        torch.onnx.export(model, inputs, path, input_names=list(input_names),
+                          output_names=[output_name], opset_version=opset_version,
+                          training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, **extra)
+    finally:
+        if had:
+            model.forward = own
+        else:
+            del model.forward
 
 
 def _dropout_modules(model):
@@ -167,7 +219,7 @@ def _record_parameters(source, path, trainable, frozen, proto=None):
 
 
 def _check(model, inputs, path, input_names, output_name, opset_version, tool,
-           rtol, tmp, verbose, trainable, frozen):
+           rtol, tmp, verbose, trainable, frozen, pick):
     tool = _find_tool(tool)
     if tool is None:
         raise RuntimeError("fastllm_export: cannot check the export: fastllm-opt "
@@ -207,11 +259,11 @@ def _check(model, inputs, path, input_names, output_name, opset_version, tool,
         for m, name in rates:
             setattr(m, name, 0.0)
         check_path = os.path.join(tmp, "check.onnx")
-        _export(model, (x, y), check_path, input_names, output_name, opset_version)
+        _export(model, (x, y), check_path, input_names, output_name, opset_version, pick)
         _record_parameters(check_path, check_path, trainable, frozen)
         model.train()
         with torch.no_grad():
-            expected = [float(model(x, y))]
+            expected = [float(pick(model(x, y)))]
         # One step of AdamW as `train` takes it (its default betas, eps and
         # weight decay, decay on tensors of two or more dims), on a copy.
         stepped = copy.deepcopy(model)
@@ -220,10 +272,10 @@ def _check(model, inputs, path, input_names, output_name, opset_version, tool,
             [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
             lr=_CHECK_LR, betas=(0.9, 0.95), eps=1e-8)
-        stepped(x, y).backward()
+        pick(stepped(x, y)).backward()
         opt.step()
         with torch.no_grad():
-            expected.append(float(stepped(x2, y2)))
+            expected.append(float(pick(stepped(x2, y2))))
     finally:
         for m, p in zip(dropouts, saved):
             m.p = p
