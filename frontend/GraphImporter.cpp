@@ -229,10 +229,21 @@ LogicalResult GraphImporter::importNode(const onnx::NodeProto &node,
            << "node '" << nodeName << "': op '" << node.op_type()
            << "' of domain '" << node.domain() << "' is not supported";
   const OnnxConverterEntry *entry = lookupOnnxConverter(node.op_type(), opset);
-  if (!entry)
-    return mlir::emitError(loc)
-           << "node '" << nodeName << "': unsupported op '" << node.op_type()
-           << "' (opset " << opset << ")";
+  if (!entry) {
+    InFlightDiagnostic d = mlir::emitError(loc)
+                           << "node '" << nodeName << "': unsupported op '"
+                           << node.op_type() << "' (opset " << opset << ")";
+    // Sequences and loops are what the exporter makes of shape-dependent
+    // code (repeat_interleave, a loop over heads) once a dim is symbolic;
+    // with every shape fixed it traces them into plain ops.
+    StringRef op = node.op_type();
+    if (op.starts_with("Sequence") || op == "Loop" || op == "If" ||
+        op == "Scan" || op == "ConcatFromSequence" || op == "SplitToSequence")
+      d << "; the exporter makes it of code whose shapes are not fixed (a "
+           "symbolic dim, such as dynamic_axes or a symbolic batch): export "
+           "with static shapes";
+    return d;
+  }
   if (std::string why = verifyOnnxNodeSchema(node, opset); !why.empty())
     return mlir::emitError(loc)
            << "node '" << nodeName << "' (" << node.op_type() << "): " << why;

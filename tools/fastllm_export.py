@@ -90,11 +90,15 @@ def _find_tool(tool):
 
 def export(model, example_inputs, path, input_names=("idx", "targets"),
            output_name="loss", opset_version=17, check=True, tool=None,
-           rtol=1e-5, verbose=False):
+           rtol=1e-5, verbose=False, dynamic_batch=False):
     """Exports `model` to `path` for training with fastllm-opt.
 
     example_inputs: the (idx, targets) tensors forward takes; their shapes
     become the compiled batch size and sequence length.
+    dynamic_batch: export the batch dim symbolic ("batch"), so that one file
+    serves every micro-batch size (`compile --batch-size N` binds it). Code
+    whose shapes then depend on it (repeat_interleave, say) may export as
+    ONNX sequences or loops, which compile refuses: export static then.
     check: compile the export with fastllm-opt (`tool`, default: the build in
     this repository or `fastllm-opt` on PATH) and compare the first two
     losses (the second after one AdamW step) with PyTorch's within `rtol`; raises ExportCheckError on a mismatch and
@@ -111,7 +115,8 @@ def export(model, example_inputs, path, input_names=("idx", "targets"),
         print(f"fastllm_export: the loss is {how}")
     with tempfile.TemporaryDirectory(prefix="fastllm-export-") as tmp:
         raw = os.path.join(tmp, "raw.onnx")
-        _export(model, example_inputs, raw, input_names, output_name, opset_version, pick)
+        _export(model, example_inputs, raw, input_names, output_name, opset_version, pick,
+                dynamic_batch)
         proto = onnx.load(raw)
         graph_names = {t.name for t in proto.graph.initializer}
         trainable, frozen, missing = _parameter_names(model, graph_names)
@@ -123,7 +128,8 @@ def export(model, example_inputs, path, input_names=("idx", "targets"),
         _record_parameters(raw, path, trainable, frozen, proto)
         if check:
             _check(model, example_inputs, path, input_names, output_name,
-                   opset_version, tool, rtol, tmp, verbose, trainable, frozen, pick)
+                   opset_version, tool, rtol, tmp, verbose, trainable, frozen, pick,
+                   dynamic_batch)
     model.train(was_training)
     return trainable, frozen
 
@@ -159,12 +165,15 @@ def _loss_picker(output):
                       "a dict with a 'loss' entry or a tuple holding the loss")
 
 
-def _export(model, inputs, path, input_names, output_name, opset_version, pick):
+def _export(model, inputs, path, input_names, output_name, opset_version, pick,
+            dynamic_batch=False):
     # The TorchScript exporter, which fastllm-opt is tested with: PyTorch 2.9
     # made the torch.export-based one (dynamo=True) the default.
     extra = {}
     if "dynamo" in inspect.signature(torch.onnx.export).parameters:
         extra["dynamo"] = False
+    if dynamic_batch:
+        extra["dynamic_axes"] = {name: {0: "batch"} for name in input_names}
     # The graph's one output is the loss: forward, seen through `pick`,
     # for the time of the export (an instance attribute shadows the
     # method; the model's own is back afterwards).
@@ -219,7 +228,7 @@ def _record_parameters(source, path, trainable, frozen, proto=None):
 
 
 def _check(model, inputs, path, input_names, output_name, opset_version, tool,
-           rtol, tmp, verbose, trainable, frozen, pick):
+           rtol, tmp, verbose, trainable, frozen, pick, dynamic_batch):
     tool = _find_tool(tool)
     if tool is None:
         raise RuntimeError("fastllm_export: cannot check the export: fastllm-opt "
@@ -259,7 +268,8 @@ def _check(model, inputs, path, input_names, output_name, opset_version, tool,
         for m, name in rates:
             setattr(m, name, 0.0)
         check_path = os.path.join(tmp, "check.onnx")
-        _export(model, (x, y), check_path, input_names, output_name, opset_version, pick)
+        _export(model, (x, y), check_path, input_names, output_name, opset_version, pick,
+                dynamic_batch)
         _record_parameters(check_path, check_path, trainable, frozen)
         model.train()
         with torch.no_grad():

@@ -49,3 +49,33 @@ for returns in ("loss", "tuple", "dict", "two"):
         print(f"{returns}: exported, checked, outputs {outputs}")
     except fastllm_export.ExportError as e:
         print(f"{returns}: ExportError: {e}")
+
+# One export with a symbolic batch serves two micro-batch sizes.
+torch.manual_seed(0)
+path = os.path.join(work, "dynamic.onnx")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    fastllm_export.export(LM("tuple"), (x, x), path, tool=tool, dynamic_batch=True)
+dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+        for i in onnx.load(path).graph.input]
+print("dynamic: inputs " + "; ".join(" x ".join(map(str, d)) for d in dims))
+
+# Code whose shapes follow the symbolic batch (repeat_interleave along it)
+# exports as ONNX sequences, which compile refuses, saying to export static.
+
+
+class Interleaved(LM):
+    def forward(self, idx, targets=None):
+        x = self.wte(idx)
+        x = x + x.repeat_interleave(1, dim=0)
+        return F.cross_entropy(self.fc(x).reshape(-1, 32), targets.reshape(-1))
+
+
+try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fastllm_export.export(Interleaved("loss"), (x, x), os.path.join(work, "ri.onnx"),
+                              tool=tool, dynamic_batch=True)
+    print("interleaved: exported")
+except fastllm_export.ExportCheckError as e:
+    print("interleaved: " + str(e).splitlines()[-1])
