@@ -157,6 +157,28 @@ const Flag kFlags[] = {
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
        return parseReal(f, v, 0, false, kInf, o.adamw.weightDecay);
      }},
+    {"decay", "REGEX", "off",
+     "also apply weight decay to the parameters whose name matches (POSIX "
+     "extended regex searched in the name; '.*' decays every parameter, as "
+     "torch.optim.AdamW(model.parameters()) does)",
+     [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
+       if (std::string why = checkDecayRegex(v); !why.empty())
+         return errorf("--%s: invalid regex '%s': %s", f, v.c_str(),
+                       why.c_str());
+       o.adamw.decayRegex = v;
+       return Status();
+     }},
+    {"no-decay", "REGEX", "off",
+     "no weight decay for the parameters whose name matches (wins over "
+     "--decay): 'bias|norm|ln|wte|wpe' keeps biases, norms and embeddings "
+     "out, as many training scripts' parameter groups do",
+     [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
+       if (std::string why = checkDecayRegex(v); !why.empty())
+         return errorf("--%s: invalid regex '%s': %s", f, v.c_str(),
+                       why.c_str());
+       o.adamw.noDecayRegex = v;
+       return Status();
+     }},
     {"clip-grad-norm", "F", "off", "clip the global gradient L2 norm to F",
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
        return parseReal(f, v, 0, true, kInf, o.clipGradNorm);

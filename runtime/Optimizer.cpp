@@ -2,6 +2,8 @@
 
 #include "runtime/Optimizer.h"
 
+#include <regex.h>
+
 #include "runtime/Plan.h"
 
 #include <algorithm>
@@ -31,10 +33,47 @@ AdamW::AdamW(const PlanInfo &plan, const AdamWConfig &config, int64_t rank)
     if (begin >= end)
       continue; // in other ranks' shards
     int64_t at = slice.shardOffset + (begin - slice.fullOffset);
+    const bool decay = decays(p, config);
     for (int64_t b = 0; b < end - begin; b += kChunkElements)
       chunks.push_back({at + b, at + std::min(end - begin, b + kChunkElements),
-                        p.weightDecay != 0});
+                        decay});
   }
+}
+
+namespace {
+/// Whether POSIX extended `regex` matches somewhere in `name`.
+bool searches(const std::string &regex, const std::string &name) {
+  regex_t re;
+  if (regcomp(&re, regex.c_str(), REG_EXTENDED | REG_NOSUB) != 0)
+    return false; // checked valid when the flag was read
+  // REG_STARTEND: the whole name, a NUL in it included.
+  regmatch_t span[1] = {{0, regoff_t(name.size())}};
+  bool found = regexec(&re, name.c_str(), 1, span, REG_STARTEND) == 0;
+  regfree(&re);
+  return found;
+}
+} // namespace
+
+bool fastllm::rt::decays(const ParamInfo &p, const AdamWConfig &config) {
+  std::string name = paramName(p);
+  bool decay = p.weightDecay != 0;
+  if (!config.decayRegex.empty() && searches(config.decayRegex, name))
+    decay = true;
+  if (!config.noDecayRegex.empty() && searches(config.noDecayRegex, name))
+    decay = false;
+  return decay;
+}
+
+std::string fastllm::rt::checkDecayRegex(const std::string &regex) {
+  regex_t re;
+  int code = regcomp(&re, regex.c_str(), REG_EXTENDED | REG_NOSUB);
+  if (code == 0) {
+    regfree(&re);
+    return "";
+  }
+  char why[256];
+  regerror(code, &re, why, sizeof(why));
+  return why;
 }
 
 int64_t AdamW::trainableElements() const {

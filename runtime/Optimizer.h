@@ -43,9 +43,21 @@ struct AdamWConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  /// Applied only to trainable parameters with ParamInfo::weightDecay set.
+  /// Applied only to trainable parameters with ParamInfo::weightDecay set
+  /// (rank >= 2), changed by the regexes below.
   double weightDecay = 0.1;
+  /// --decay: parameters whose name matches decay too; --no-decay: those
+  /// whose name matches do not (it wins). POSIX extended regexes, searched
+  /// in the name (as --train and --freeze); empty: none.
+  std::string decayRegex, noDecayRegex;
 };
+
+/// Whether parameter `p` decays under `config` (its rank >= 2 default,
+/// then --decay, then --no-decay). Regexes are valid (checkDecayRegex).
+bool decays(const ParamInfo &p, const AdamWConfig &config);
+
+/// "" when `regex` is a valid POSIX extended regex, else why not.
+std::string checkDecayRegex(const std::string &regex);
 
 /// The fp32 scalars of one AdamW step, prepared as PyTorch prepares them.
 struct AdamWScalars {

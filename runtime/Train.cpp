@@ -126,6 +126,11 @@ Fingerprint runFingerprint(const Options &opts, int64_t dataTokens) {
                    {"clip_grad_norm", real(opts.clipGradNorm)}};
   if (cosine) // the cosine schedule spans --steps; a constant one does not
     f.push_back({"steps", std::to_string(opts.steps)});
+  // (Only when given: checkpoints from before the flags compare equal.)
+  if (!opts.adamw.decayRegex.empty())
+    f.push_back({"decay", opts.adamw.decayRegex});
+  if (!opts.adamw.noDecayRegex.empty())
+    f.push_back({"no_decay", opts.adamw.noDecayRegex});
   return f;
 }
 
@@ -477,6 +482,25 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   if (log)
     std::fprintf(log, "fastllm-opt %s: training %s\n%s\n", versionString(),
                  plan.target, planSummary(plan, opts).c_str());
+  if (log && (!opts.adamw.decayRegex.empty() ||
+              !opts.adamw.noDecayRegex.empty())) {
+    // What the regexes chose, before a step is spent on it.
+    int64_t trained = 0, decayed = 0;
+    for (int32_t i = 0; i < plan.numParams; ++i) {
+      const ParamInfo &p = plan.params[i];
+      if (!p.trainable)
+        continue;
+      ++trained;
+      if (decays(p, opts.adamw))
+        ++decayed;
+    }
+    std::fprintf(log,
+                 "weight decay %g on %lld of %lld trained tensors (--decay "
+                 "'%s', --no-decay '%s')\n",
+                 opts.adamw.weightDecay, (long long)decayed,
+                 (long long)trained, opts.adamw.decayRegex.c_str(),
+                 opts.adamw.noDecayRegex.c_str());
+  }
   const Fingerprint planPrint = planFingerprint(plan);
   const Fingerprint runPrint = runFingerprint(opts, data->size());
   if (Status s = checkRanksAgree(

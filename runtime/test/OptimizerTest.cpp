@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -142,16 +143,16 @@ void expectMatchesReference(const AdamWConfig &config) {
 }
 
 TEST(AdamW, MatchesTorchFormulaWithDecay) {
-  expectMatchesReference(AdamWConfig{0.9, 0.95, 1e-8, 0.1});
+  expectMatchesReference(AdamWConfig{0.9, 0.95, 1e-8, 0.1, {}, {}});
 }
 
 TEST(AdamW, MatchesTorchFormulaWithoutDecay) {
-  expectMatchesReference(AdamWConfig{0.9, 0.999, 1e-6, 0.0});
+  expectMatchesReference(AdamWConfig{0.9, 0.999, 1e-6, 0.0, {}, {}});
 }
 
 TEST(AdamW, MatchesTorchFormulaWithLargeLerpWeight) {
   // beta1 < 0.5 takes the other branch of ATen's lerp.
-  expectMatchesReference(AdamWConfig{0.3, 0.9, 1e-8, 0.5});
+  expectMatchesReference(AdamWConfig{0.3, 0.9, 1e-8, 0.5, {}, {}});
 }
 
 TEST(AdamW, FirstStepMovesEachWeightByLr) {
@@ -162,7 +163,7 @@ TEST(AdamW, FirstStepMovesEachWeightByLr) {
   std::vector<float> p(n, 1.0f), m(n), v(n), g(n);
   for (int j = 0; j < n; ++j)
     g[j] = j % 2 ? 0.5f : -2.0f;
-  AdamW(fixture.plan, AdamWConfig{0.9, 0.95, 1e-8, 0.1})
+  AdamW(fixture.plan, AdamWConfig{0.9, 0.95, 1e-8, 0.1, {}, {}})
       .step(p.data(), g.data(), m.data(), v.data(), 0.01, 1);
   for (int j = 0; j < n; ++j) { // frozen and padding stay
     float decayed = j < 12 ? 1.0f * (1 - 0.01f * 0.1f) : 1.0f;
@@ -249,7 +250,7 @@ TEST(AdamW, ShardsTogetherRepeatTheWholeArrayExactly) {
       if (!inParam)
         p[j] = 0;
     }
-    AdamWConfig config{0.9, 0.95, 1e-8, 0.1};
+    AdamWConfig config{0.9, 0.95, 1e-8, 0.1, {}, {}};
     AdamW reference(whole.plan, config);
     std::vector<AdamW> ranks;
     std::vector<std::vector<float>> sp, sm, sv;
@@ -292,6 +293,36 @@ TEST(AdamW, ShardsTogetherRepeatTheWholeArrayExactly) {
       EXPECT_EQ(fv, v) << "dp " << dp << " step " << t;
     }
   }
+}
+
+TEST(AdamW, DecayRegexesChooseTheParameters) {
+  auto param = [](const char *name, int32_t rank) {
+    ParamInfo p{};
+    p.name = name;
+    p.nameBytes = int32_t(std::strlen(name));
+    p.rank = rank;
+    p.trainable = 1;
+    p.weightDecay = rank >= 2;
+    return p;
+  };
+  ParamInfo wte = param("wte.weight", 2), bias = param("h.0.ln_1.bias", 1);
+  AdamWConfig config;
+  // Today's default: matrices decay, vectors do not.
+  EXPECT_TRUE(decays(wte, config));
+  EXPECT_FALSE(decays(bias, config));
+  // torch.optim.AdamW(model.parameters()): everything decays.
+  config.decayRegex = ".*";
+  EXPECT_TRUE(decays(bias, config));
+  // Parameter groups keeping biases, norms and embeddings out.
+  config.noDecayRegex = "bias|ln_|wte|wpe";
+  EXPECT_FALSE(decays(wte, config));
+  EXPECT_FALSE(decays(bias, config));
+  config.decayRegex.clear();
+  config.noDecayRegex = "^wte\\.";
+  EXPECT_FALSE(decays(wte, config));
+  EXPECT_TRUE(decays(param("h.0.mlp.c_fc.weight", 2), config));
+  EXPECT_EQ(checkDecayRegex("bias|norm"), "");
+  EXPECT_NE(checkDecayRegex("(bias"), "");
 }
 
 TEST(Schedule, ConstantWithWarmup) {
