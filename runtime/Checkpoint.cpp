@@ -258,7 +258,13 @@ std::string fastllm::rt::manifestJson(const Manifest &m) {
          shardFileName(int(r)) +
          "\", \"bytes\": " + std::to_string(m.shards[r].bytes) +
          ", \"crc32c\": \"" + hex32(m.shards[r].crc32c) + "\"}";
-  return s + "\n  ]\n}\n";
+  s += "\n  ]";
+  if (!m.initialWeights.empty())
+    s += ",\n  \"initial_weights\": {\"path\": " +
+         jsonQuote(m.initialWeights) +
+         ", \"bytes\": " + std::to_string(m.initialWeightsBytes) +
+         ", \"mtime_ns\": " + std::to_string(m.initialWeightsMtimeNs) + "}";
+  return s + "\n}\n";
 }
 
 Expected<Manifest> fastllm::rt::parseManifest(std::string_view json) {
@@ -316,6 +322,18 @@ Expected<Manifest> fastllm::rt::parseManifest(std::string_view json) {
                     r, shardFileName(int(r)).c_str());
     m.shards.push_back(
         {*bytes, uint32_t(std::strtoul(crc->text.c_str(), nullptr, 16))});
+  }
+  if (const JsonValue *w = v.get("initial_weights")) {
+    const JsonValue *path = w->get("path");
+    Expected<int64_t> bytes = member(*w, "bytes");
+    Expected<int64_t> mtime = member(*w, "mtime_ns");
+    if (!path || path->kind != JsonValue::Kind::String || path->text.empty() ||
+        !bytes || !mtime)
+      return errorf("'initial_weights' must be {\"path\": \"...\", "
+                    "\"bytes\": N, \"mtime_ns\": N}");
+    m.initialWeights = path->text;
+    m.initialWeightsBytes = *bytes;
+    m.initialWeightsMtimeNs = *mtime;
   }
   return m;
 }

@@ -86,6 +86,12 @@ struct Manifest {
   /// changes them is warned that it will not repeat the original.
   Fingerprint run;
   std::vector<ShardRecord> shards; ///< indexed by rank
+  /// The weights file the run started from (absolute), which holds the
+  /// frozen parameters no checkpoint stores, with its size and modification
+  /// time (nanoseconds) then, so that `consolidate` can find it and tell
+  /// whether it changed since. Empty in manifests from before.
+  std::string initialWeights;
+  int64_t initialWeightsBytes = -1, initialWeightsMtimeNs = -1;
 };
 
 std::string manifestJson(const Manifest &m);

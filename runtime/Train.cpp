@@ -501,6 +501,21 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                  (long long)trained, opts.adamw.decayRegex.c_str(),
                  opts.adamw.noDecayRegex.c_str());
   }
+  // The weights file as it is now (the frozen parameters come from it), for
+  // the manifests: consolidate finds it there.
+  struct {
+    std::string path;
+    int64_t bytes = -1, mtimeNs = -1;
+  } initialWeights;
+  if (struct stat st; stat(opts.weightsPath.c_str(), &st) == 0) {
+    if (char *real = realpath(opts.weightsPath.c_str(), nullptr)) {
+      initialWeights.path = real;
+      std::free(real);
+      initialWeights.bytes = int64_t(st.st_size);
+      initialWeights.mtimeNs =
+          int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    }
+  }
   const Fingerprint planPrint = planFingerprint(plan);
   const Fingerprint runPrint = runFingerprint(opts, data->size());
   if (Status s = checkRanksAgree(
@@ -684,6 +699,9 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     m.optimizerStep = optimizerStep;
     m.plan = planPrint;
     m.run = runPrint;
+    m.initialWeights = initialWeights.path;
+    m.initialWeightsBytes = initialWeights.bytes;
+    m.initialWeightsMtimeNs = initialWeights.mtimeNs;
     if (Status st = saveCheckpoint(comm, opts.checkpointDir, m, state);
         !st.ok())
       return st;

@@ -26,6 +26,8 @@
 #include "llvm/Support/WithColor.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <cerrno>
+#include <cstring>
 #include <optional>
 #include <sys/stat.h>
 
@@ -147,6 +149,27 @@ Expected<Chosen> choose(const std::string &path, std::optional<int64_t> step) {
                 skipped.c_str());
 }
 
+/// What to do about the frozen parameters' file when --weights is not
+/// given: why the file the manifest records cannot serve (or that it
+/// records none), with the remedy.
+std::string recordedWeights(const Manifest &m) {
+  const std::string remedy = "pass --weights RUN/weights.safetensors, the "
+                             "weights the run started from";
+  if (m.initialWeights.empty())
+    return remedy + " (this checkpoint's manifest does not record them)";
+  struct stat st;
+  if (stat(m.initialWeights.c_str(), &st) != 0)
+    return "the run started from '" + m.initialWeights + "', which is gone (" +
+           std::strerror(errno) + "); " + remedy;
+  int64_t mtime = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  if (int64_t(st.st_size) != m.initialWeightsBytes ||
+      mtime != m.initialWeightsMtimeNs)
+    return "the run started from '" + m.initialWeights +
+           "', which has changed since (its size or modification time "
+           "differs); " + remedy;
+  return "";
+}
+
 /// The tensors to write, in the plan's order: trainable parameters from the
 /// checkpoint, frozen ones (never checkpointed: they never change) from the
 /// run's initial weights file.
@@ -163,9 +186,8 @@ tensorsOf(const Chosen &c, const std::string &initialPath,
     if (initialPath.empty())
       return errorf("parameter '%s' is frozen: checkpoints do not hold "
                     "frozen parameters (resume reads them from the weights "
-                    "again); pass --weights RUN/weights.safetensors, the "
-                    "weights the run started from",
-                    p.name.c_str());
+                    "again); %s",
+                    p.name.c_str(), recordedWeights(c.manifest).c_str());
     if (!initial) {
       Expected<SafetensorsReader> r = SafetensorsReader::open(initialPath);
       if (!r)
@@ -264,8 +286,21 @@ int mlir::fastllm::consolidateMain(int argc, char **argv) {
   if (std::string clash = distinctPaths(files); !clash.empty())
     return fail(clash);
   std::vector<std::vector<float>> frozenData;
+  // Frozen parameters come from the run's initial weights: --weights, or
+  // the file the manifest records when it is still the same.
+  std::string initialPath = initial;
+  bool anyFrozen = false;
+  for (const CheckpointParam &p : chosen->layout.params)
+    anyFrozen |= !p.trainable;
+  if (initialPath.empty() && anyFrozen &&
+      recordedWeights(chosen->manifest).empty()) {
+    initialPath = chosen->manifest.initialWeights;
+    outs() << "frozen parameters from '" << initialPath
+           << "', the weights the run started from (as its manifest "
+              "records)\n";
+  }
   Expected<std::vector<TensorRef>> tensors =
-      tensorsOf(*chosen, initial, frozenData);
+      tensorsOf(*chosen, initialPath, frozenData);
   if (!tensors)
     return fail(tensors.status().message());
   WrittenFile written;
