@@ -34,6 +34,16 @@ std::string fastllm::rt::checkReplaceable(const std::string &path) {
          "; refusing to replace it (write to a regular file or a new path)";
 }
 
+void fastllm::rt::reserveStandardStreams() {
+  for (int fd = 0; fd <= 2; ++fd)
+    if (fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      // open() returns the lowest free number: this one.
+      int opened = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (opened != fd && opened >= 0)
+        ::close(opened);
+    }
+}
+
 std::string fastllm::rt::folderOf(const std::string &path) {
   size_t slash = path.find_last_of('/');
   if (slash == std::string::npos)

@@ -36,6 +36,12 @@ std::string checkReplaceable(const std::string &path);
 /// or cannot be read.
 bool readAt(int fd, void *buf, uint64_t size, uint64_t offset);
 
+/// Opens /dev/null on each of file descriptors 0, 1 and 2 that is closed
+/// (`train >&-`): otherwise the next file opened would take its number, and
+/// the log would be written into it (the metrics file, a checkpoint's
+/// lock). Called first by every main().
+void reserveStandardStreams();
+
 /// Suffix of the temporaries OutputFile creates: `<target>.tmp-XXXXXX`.
 /// Cleanup code recognises orphans (left by a killed process) by it.
 constexpr const char *kTemporarySuffix = ".tmp-";

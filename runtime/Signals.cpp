@@ -5,14 +5,22 @@
 #include <csignal>
 #include <cstdio>
 #include <initializer_list>
+#include <unistd.h>
 
 using namespace fastllm::rt;
 
 namespace {
 
 volatile std::sig_atomic_t received = 0;
+volatile std::sig_atomic_t atOnce = 1;
 
 extern "C" void onStopSignal(int signal) {
+  // Before the first step there is nothing to save, and the process may be
+  // stuck in a library (OpenBLAS retrying an allocation under a memory
+  // limit spun for minutes): end it now. SIGPIPE alone waits (the log's
+  // reader went away; the loading needs no reader).
+  if (atOnce && signal != SIGPIPE)
+    _exit(128 + signal);
   if (!received)
     received = signal;
 }
@@ -36,6 +44,8 @@ void fastllm::rt::installStopHandlers() {
 }
 
 int fastllm::rt::stopRequest() { return received; }
+
+void fastllm::rt::setStopWaitsForStep(bool waits) { atOnce = !waits; }
 
 void fastllm::rt::requestStop(int signal) { received = signal; }
 

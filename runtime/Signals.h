@@ -25,6 +25,11 @@ void installStopHandlers();
 /// The first stop signal received since the last clearStopRequest(), or 0.
 int stopRequest();
 
+/// Until called with true (the training loop, when its first step starts),
+/// a stop signal ends the process at once with 128 + the signal: nothing
+/// is saved before a step has run, and loading may be stuck in a library.
+void setStopWaitsForStep(bool waits);
+
 /// Records `signal` as if it had been received (tests), or clears it.
 void requestStop(int signal);
 void clearStopRequest();

@@ -738,6 +738,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   int stopSignal = 0;
   std::string stoppedRanks;
   std::vector<double> perRank;
+  // From here a stop signal waits for the step and its checkpoint.
+  setStopWaitsForStep(true);
   for (int64_t s = firstStep; s < opts.steps; ++s) {
     Clock::time_point start = Clock::now();
     Tracer *trace = tracer ? tracer->beginStep(s + 1) : nullptr;

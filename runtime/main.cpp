@@ -19,15 +19,47 @@
 #include "runtime/Device.h"
 #include "runtime/Flags.h"
 #include "runtime/ModelABI.h"
+#include "runtime/OutputFile.h"
 #include "runtime/Plan.h"
 #include "runtime/Signals.h"
 #include "runtime/Train.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 using namespace fastllm::rt;
 
+/// "" when OMP_NUM_THREADS is unset or what OpenMP reads (positive counts,
+/// comma-separated for nested levels, each at most 4096), else why not: the
+/// OpenMP runtime aborts on "abc" or "-3" at the first parallel region, and
+/// 100000 threads took 3 GB before it did.
+std::string checkOmpThreads() {
+  const char *value = std::getenv("OMP_NUM_THREADS");
+  if (!value)
+    return "";
+  std::string text = value;
+  size_t at = 0;
+  do {
+    size_t comma = text.find(',', at);
+    std::string item = text.substr(at, comma - at);
+    if (item.empty() || item.size() > 4 ||
+        item.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(item) < 1 || std::stoi(item) > 4096)
+      return "OMP_NUM_THREADS='" + text +
+             "' is not a thread count (1 to 4096, or a comma-separated list "
+             "of them); unset it or set it to the cores to use";
+    at = comma == std::string::npos ? comma : comma + 1;
+  } while (at != std::string::npos);
+  return "";
+}
+
 int main(int argc, char **argv) {
+  reserveStandardStreams();
+  if (std::string why = checkOmpThreads(); !why.empty()) {
+    std::fprintf(stderr, "train: error: %s\n", why.c_str());
+    return 1;
+  }
   Expected<std::unique_ptr<Communicator>> comm =
       Communicator::create(&argc, &argv);
   if (!comm) {
@@ -55,7 +87,8 @@ int main(int argc, char **argv) {
       std::fprintf(stderr, "train: error: %s\n", s.message().c_str());
     return 1;
   }
-  // Before any step: a stop requested during loading stops after step 1.
+  // Before the first step a stop signal ends the process at once (nothing
+  // to save yet); from the first step on it waits for the step.
   installStopHandlers();
   RunOutcome outcome;
   if (Status s = train(plan, fastllm_step, *opts, **comm, stdout, &outcome);

@@ -909,6 +909,8 @@ int dataMain(int argc, char **argv) {
 /// fastllm-data: `fastllm-opt data` runs it with its own arguments (argv[0]
 /// "fastllm-opt data"), see tools/DataLauncher.cpp.
 int main(int argc, char **argv) {
+  // (A closed stdout would be taken by the next file opened, the output.)
+  fastllm::rt::reserveStandardStreams();
   InitLLVM y(argc, argv);
   return dataMain(argc, argv);
 }

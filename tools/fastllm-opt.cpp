@@ -173,9 +173,12 @@ static int importMain(int argc, char **argv) {
 namespace mlir::fastllm {
 /// `fastllm-opt consolidate ...` (tools/Consolidate.cpp).
 int consolidateMain(int argc, char **argv);
+void reserveStandardStreams(); // tools/Consolidate.cpp
 } // namespace mlir::fastllm
 
 int main(int argc, char **argv) {
+  // (A closed stdout would be taken by the next file opened, the output.)
+  mlir::fastllm::reserveStandardStreams();
   InitLLVM y(argc, argv);
   cl::SetVersionPrinter(fastllm::printVersion);
   if (argc > 1 && StringRef(argv[1]) == "import") {
