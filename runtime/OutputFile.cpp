@@ -74,8 +74,8 @@ void fastllm::rt::syncFolder(const std::string &folder) {
   }
 }
 
-OutputFile::OutputFile(std::string path, bool durable)
-    : target(std::move(path)), durable(durable) {}
+OutputFile::OutputFile(std::string path, bool durable, bool replace)
+    : target(std::move(path)), durable(durable), replace(replace) {}
 
 OutputFile::~OutputFile() {
   if (fd >= 0)
@@ -163,6 +163,26 @@ bool OutputFile::commit() {
   if (!finishWithoutRename())
     return false;
   keepTemporary = false;
+  if (!replace) {
+    // Atomically: only when nothing is there (renameat2's RENAME_NOREPLACE).
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(),
+                    RENAME_NOREPLACE) == 0) {
+      syncFolder(folderOf(target));
+      tmp.clear();
+      return true;
+    }
+    if (errno == EEXIST) {
+      keepTemporary = true; // the only copy of what was written
+      return fail("'" + target +
+                      "' appeared while this was written (another run's "
+                      "output?) and is left as it is; what was written is "
+                      "kept in '" +
+                      tmp + "'",
+                  0);
+    }
+    if (errno != EINVAL && errno != ENOSYS) // (else: a plain rename)
+      return fail("cannot write '" + target + "'", errno);
+  }
   if (std::string why = renameInto(tmp, target); !why.empty())
     return fail(why, 0);
   tmp.clear(); // renamed: nothing left to remove

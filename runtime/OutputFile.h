@@ -49,8 +49,11 @@ constexpr const char *kTemporarySuffix = ".tmp-";
 class OutputFile {
 public:
   /// `durable`: sync the file before it is renamed over the target (see
-  /// above for when not to).
-  explicit OutputFile(std::string path, bool durable = true);
+  /// above for when not to). `replace` false: commit() refuses a target that
+  /// exists by then (one that appeared since the caller checked: another
+  /// run's output), keeping the complete temporary and naming it.
+  explicit OutputFile(std::string path, bool durable = true,
+                      bool replace = true);
   OutputFile(const OutputFile &) = delete;
   OutputFile &operator=(const OutputFile &) = delete;
   /// Removes the temporary unless commit() succeeded.
@@ -89,7 +92,7 @@ private:
 
   std::string target, tmp, message;
   int fd = -1;
-  bool durable;
+  bool durable, replace;
   bool keepTemporary = false;
 };
 

@@ -223,7 +223,7 @@ Status SafetensorsReader::readF32(const std::string &name,
 Status fastllm::rt::writeSafetensors(
     const std::string &path, const std::vector<TensorRef> &tensors,
     const std::vector<std::pair<std::string, std::string>> &metadata,
-    WrittenFile *written, bool durable) {
+    WrittenFile *written, bool durable, bool replace) {
   std::string header = "{";
   if (!metadata.empty()) {
     header += "\"__metadata__\":{";
@@ -246,7 +246,7 @@ Status fastllm::rt::writeSafetensors(
   header.append((8 - header.size() % 8) % 8, ' ');
   uint64_t headerBytes = header.size();
 
-  OutputFile file(path, durable);
+  OutputFile file(path, durable, replace);
   bool ok = file.open() && file.write(&headerBytes, 8) &&
             file.write(header.data(), headerBytes);
   std::vector<float> buffer;
@@ -312,7 +312,8 @@ Status fastllm::rt::loadParams(const std::string &path, const PlanInfo &plan,
 
 Status fastllm::rt::saveParams(const std::string &path, const PlanInfo &plan,
                                const float *flat, bool trainableOnly,
-                               const float *frozen, WrittenFile *written) {
+                               const float *frozen, WrittenFile *written,
+                               bool replace) {
   std::vector<TensorRef> tensors;
   for (int32_t i = 0; i < plan.numParams; ++i) {
     const ParamInfo &p = plan.params[i];
@@ -326,5 +327,6 @@ Status fastllm::rt::saveParams(const std::string &path, const PlanInfo &plan,
                        std::vector<int64_t>(p.shape, p.shape + p.rank),
                        from + p.offset});
   }
-  return writeSafetensors(path, tensors, {{"format", "pt"}}, written);
+  return writeSafetensors(path, tensors, {{"format", "pt"}}, written,
+                          /*durable=*/true, replace);
 }

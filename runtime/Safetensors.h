@@ -96,7 +96,7 @@ struct WrittenFile {
 Status writeSafetensors(
     const std::string &path, const std::vector<TensorRef> &tensors,
     const std::vector<std::pair<std::string, std::string>> &metadata = {},
-    WrittenFile *written = nullptr, bool durable = true);
+    WrittenFile *written = nullptr, bool durable = true, bool replace = true);
 
 /// Which parameters loadParams reads.
 enum class Which { All, Frozen };
@@ -114,7 +114,7 @@ Status loadParams(const std::string &path, const PlanInfo &plan, float *params,
 Status saveParams(const std::string &path, const PlanInfo &plan,
                   const float *flat, bool trainableOnly,
                   const float *frozen = nullptr,
-                  WrittenFile *written = nullptr);
+                  WrittenFile *written = nullptr, bool replace = true);
 
 } // namespace fastllm::rt
 

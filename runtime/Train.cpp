@@ -804,7 +804,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       dumpGatherBytes = comm.bytes().allGather - before;
       if (leader)
         if (Status st = saveParams(opts.dumpGradsPath, plan, reduced.data(),
-                                   /*trainableOnly=*/true);
+                                   /*trainableOnly=*/true, nullptr, nullptr,
+                                   /*replace=*/opts.overwrite);
             !st.ok())
           return st;
     }
@@ -946,7 +947,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     WrittenFile written;
     if (leader)
       if (Status s = saveParams(opts.saveWeightsPath, plan, full,
-                                /*trainableOnly=*/false, frozen, &written);
+                                /*trainableOnly=*/false, frozen, &written,
+                                /*replace=*/opts.overwrite);
           !s.ok())
         return s;
     if (log)
