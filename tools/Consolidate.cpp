@@ -256,6 +256,14 @@ int mlir::fastllm::consolidateMain(int argc, char **argv) {
   // The input first: a typo in it is the error to see, not one about -o.
   if (!exists(path))
     return fail("'" + path + "' does not exist");
+  // --weights is checked when given, frozen parameters or not: a typo in it
+  // is not passed over because this checkpoint happens not to need it.
+  if (!std::string(initial).empty()) {
+    Expected<OpenedInput> in =
+        openInput(initial, "--weights '" + initial + "'", InputOptions());
+    if (!in)
+      return fail(in.status().message());
+  }
   std::string out = output;
   if (out.empty())
     return fail("-o: an empty path");
