@@ -228,6 +228,24 @@ def _read_safetensors(path, f):
     return tensors, metadata
 
 
+def _converted(path, name, t, dtype):
+    """`t` in the model's dtype, refusing a conversion that would change what
+    the file says rather than round it: a boolean or integer tensor into a
+    float parameter (or the reverse), and finite values that overflow the
+    narrower float (1e300 into float32 is inf)."""
+    if t.dtype == dtype:
+        return t
+    if t.is_floating_point() != dtype.is_floating_point or t.dtype == torch.bool \
+            or dtype == torch.bool:
+        raise WeightsError(f"{path}: tensor {name!r} is {str(t.dtype)[6:]}, the "
+                           f"model's is {str(dtype)[6:]}: not converted")
+    c = t.to(dtype)
+    if dtype.is_floating_point and bool((torch.isfinite(t) & ~torch.isfinite(c)).any()):
+        raise WeightsError(f"{path}: tensor {name!r} holds values beyond "
+                           f"{str(dtype)[6:]}'s range (they would become inf)")
+    return c
+
+
 def _ties(model):
     """Each name of model.state_dict() -> the names sharing its tensor."""
     groups = {}
@@ -313,7 +331,7 @@ def load_state_dict(path, model=None, initial=None):
                 raise WeightsError(
                     f"{path}: the model ties {', '.join(ties[name])}, but the "
                     f"file holds different values for {alias!r} and {name!r}")
-            out[alias] = t.to(own[name].dtype)
+            out[alias] = _converted(path, name, t, own[name].dtype)
     missing = [n for n in own if n not in out and n in parameters]
     if missing:
         raise WeightsError(f"{path}: no tensor for the model's parameter(s) "

@@ -63,6 +63,9 @@ try:
         tensors, meta = fw.read_safetensors(path)
         print("ok", len(tensors), "tensors",
               ",".join(f"{n}={list(t.shape)}" for n, t in tensors.items()))
+    elif what == "load":  # the file into a Linear(2, 2)
+        fw.load_state_dict(path, torch.nn.Linear(2, 2))
+        print("ok")
     else:  # "initial": a model and a hostile initial= file
         model = torch.nn.Linear(2, 2)
         fw.load_state_dict(sys.argv[4], model, initial=path)
@@ -618,6 +621,21 @@ def main():
                 p("installed.png")], 0, None, [f"wrote '{p('installed.png')}'"])
 
         # fastllm_weights: files.
+        # Values the model's dtype cannot hold are refused, not turned into
+        # inf or into floats from integers or booleans.
+        bias = struct.pack("<2f", 0, 0)
+        for name, dtype, values in (("f64 overflow", "F64", struct.pack("<4d", 1e300, 0, 0, 0)),
+                                    ("int64 weight", "I64", struct.pack("<4q", 1, 0, 0, 0))):
+            path = p(name.replace(" ", "-") + ".safetensors")
+            if not list_only:
+                safetensors(path, {"weight": {"dtype": dtype, "shape": [2, 2],
+                                              "data_offsets": [0, 32]},
+                                   "bias": {"dtype": "F32", "shape": [2],
+                                            "data_offsets": [32, 40]}}, values + bias)
+            h.weights_error(name, path, f"{path}: tensor 'weight' " + (
+                "holds values beyond float32's range (they would become inf)"
+                if dtype == "F64" else "is int64, the model's is float32: not converted"),
+                what="load")
         h.weights_error("FIFO", fifo,
                         f"'{fifo}' is a FIFO (a named pipe), not a regular file")
         h.weights_error("/dev/zero", "/dev/zero",
