@@ -231,6 +231,37 @@ Expected<int64_t> member(const JsonValue &v, const char *key) {
 
 } // namespace
 
+/// CRC32C of the file at `path` (8 hex digits), or "unreadable": its whole
+/// contents, or with `sample` its size and first and last `sample` bytes
+/// (a data file of many GB: a copy that differs from the others almost
+/// always differs there).
+std::string fastllm::rt::fileCrc32c(const std::string &path, int64_t sample) {
+  Expected<OpenedInput> in = openInput(path, path, InputOptions());
+  if (!in)
+    return "unreadable";
+  const int64_t size = in->size;
+  uint32_t crc = crc32c(0, &size, sizeof(size));
+  std::vector<char> chunk(size_t(4) << 20);
+  auto add = [&](int64_t from, int64_t bytes) {
+    for (int64_t done = 0; done < bytes;) {
+      int64_t n = std::min<int64_t>(int64_t(chunk.size()), bytes - done);
+      if (!readAt(in->fd.get(), chunk.data(), uint64_t(n), uint64_t(from + done)))
+        return false;
+      crc = crc32c(crc, chunk.data(), size_t(n));
+      done += n;
+    }
+    return true;
+  };
+  bool ok = sample < 0 || 2 * sample >= size
+                ? add(0, size)
+                : add(0, sample) && add(size - sample, sample);
+  if (!ok)
+    return "unreadable";
+  char hex[16];
+  std::snprintf(hex, sizeof(hex), "%08x", crc);
+  return hex;
+}
+
 std::string fastllm::rt::stepFolderName(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "step-%08lld", (long long)step);
@@ -263,7 +294,11 @@ std::string fastllm::rt::manifestJson(const Manifest &m) {
     s += ",\n  \"initial_weights\": {\"path\": " +
          jsonQuote(m.initialWeights) +
          ", \"bytes\": " + std::to_string(m.initialWeightsBytes) +
-         ", \"mtime_ns\": " + std::to_string(m.initialWeightsMtimeNs) + "}";
+         ", \"mtime_ns\": " + std::to_string(m.initialWeightsMtimeNs) +
+         (m.initialWeightsCrc.empty()
+              ? std::string()
+              : ", \"crc32c\": " + jsonQuote(m.initialWeightsCrc)) +
+         "}";
   return s + "\n}\n";
 }
 
@@ -331,6 +366,12 @@ Expected<Manifest> fastllm::rt::parseManifest(std::string_view json) {
         !bytes || !mtime)
       return errorf("'initial_weights' must be {\"path\": \"...\", "
                     "\"bytes\": N, \"mtime_ns\": N}");
+    if (const JsonValue *crc = w->get("crc32c")) {
+      if (crc->kind != JsonValue::Kind::String || crc->text.size() != 8 ||
+          std::strspn(crc->text.c_str(), "0123456789abcdef") != 8)
+        return errorf("'initial_weights.crc32c' must be 8 hex digits");
+      m.initialWeightsCrc = crc->text;
+    }
     m.initialWeights = path->text;
     m.initialWeightsBytes = *bytes;
     m.initialWeightsMtimeNs = *mtime;

@@ -92,7 +92,16 @@ struct Manifest {
   /// whether it changed since. Empty in manifests from before.
   std::string initialWeights;
   int64_t initialWeightsBytes = -1, initialWeightsMtimeNs = -1;
+  /// fileCrc32c of that file, recorded when the plan has frozen
+  /// parameters (their values come from it on resume); empty otherwise.
+  std::string initialWeightsCrc;
 };
+
+/// CRC32C of the file at `path` as 8 hex digits, or "unreadable": its
+/// size and whole contents, or with `sample` >= 0 its size and first and
+/// last `sample` bytes (a data file of many GB: a copy that differs almost
+/// always differs there).
+std::string fileCrc32c(const std::string &path, int64_t sample = -1);
 
 std::string manifestJson(const Manifest &m);
 Expected<Manifest> parseManifest(std::string_view json);

@@ -142,6 +142,13 @@ Fingerprint runFingerprint(const Options &opts, int64_t dataTokens) {
 Fingerprint sharedOptions(const Options &opts, int64_t dataTokens,
                           int64_t valTokens) {
   Fingerprint f = runFingerprint(opts, dataTokens);
+  // Not only the flags: the files they name must hold the same bytes on
+  // every rank (a stale copy of the run folder on one node trained a mix of
+  // two models). The weights whole; the data by its ends.
+  f.push_back({"weights_crc32c", fileCrc32c(opts.weightsPath)});
+  f.push_back({"data_sample_crc32c", fileCrc32c(opts.dataPath, 1 << 20)});
+  if (!opts.valDataPath.empty())
+    f.push_back({"val_data_sample_crc32c", fileCrc32c(opts.valDataPath, 1 << 20)});
   auto flag = [](bool b) { return std::string(b ? "given" : "not given"); };
   for (auto [key, value] : Fingerprint{
            {"steps", std::to_string(opts.steps)},
@@ -504,7 +511,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   // The weights file as it is now (the frozen parameters come from it), for
   // the manifests: consolidate finds it there.
   struct {
-    std::string path;
+    std::string path, crc;
     int64_t bytes = -1, mtimeNs = -1;
   } initialWeights;
   if (struct stat st; stat(opts.weightsPath.c_str(), &st) == 0) {
@@ -514,15 +521,20 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       initialWeights.bytes = int64_t(st.st_size);
       initialWeights.mtimeNs =
           int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+      // Its digest, when checkpoints will record it: a resume (or
+      // consolidate) must read the frozen parameters from the same bytes.
+      if (!opts.checkpointDir.empty() && plan.frozenElements > 0)
+        initialWeights.crc = fileCrc32c(opts.weightsPath);
     }
   }
   const Fingerprint planPrint = planFingerprint(plan);
   const Fingerprint runPrint = runFingerprint(opts, data->size());
-  if (Status s = checkRanksAgree(
-          sharedOptions(opts, data->size(), valData ? valData->size() : 0),
-          comm);
-      !s.ok())
-    return s;
+  if (comm.size() > 1)
+    if (Status s = checkRanksAgree(
+            sharedOptions(opts, data->size(), valData ? valData->size() : 0),
+            comm);
+        !s.ok())
+      return s;
   int64_t firstStep = 0, optimizerStep = 0;
   bool restoredState = false;
   if (opts.resume) {
@@ -576,6 +588,19 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       if (log)
         std::fprintf(log, "resumed from '%s' at step %lld\n",
                      restored->path.c_str(), (long long)m.step);
+      // Frozen parameters are read from --weights again, not from the
+      // checkpoint: they must be the bytes the run started from.
+      if (plan.frozenElements > 0 && !m.initialWeightsCrc.empty() &&
+          m.initialWeightsCrc != initialWeights.crc)
+        return errorf("--resume: the frozen parameters come from --weights "
+                      "'%s', whose bytes differ from those the checkpointed "
+                      "run started from ('%s', crc32c %s, now %s): the run "
+                      "would go on with other frozen values. Pass --weights "
+                      "with the run's initial weights",
+                      opts.weightsPath.c_str(), m.initialWeights.c_str(),
+                      m.initialWeightsCrc.c_str(),
+                      initialWeights.crc.empty() ? "unread"
+                                                 : initialWeights.crc.c_str());
       firstStep = m.step;
       optimizerStep = m.optimizerStep;
       if (params)
@@ -702,6 +727,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     m.initialWeights = initialWeights.path;
     m.initialWeightsBytes = initialWeights.bytes;
     m.initialWeightsMtimeNs = initialWeights.mtimeNs;
+    m.initialWeightsCrc = initialWeights.crc;
     if (Status st = saveCheckpoint(comm, opts.checkpointDir, m, state);
         !st.ok())
       return st;

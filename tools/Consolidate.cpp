@@ -310,6 +310,17 @@ int mlir::fastllm::consolidateMain(int argc, char **argv) {
            << "', the weights the run started from (as its manifest "
               "records)\n";
   }
+  // The frozen values must be the run's: the bytes it started from.
+  const std::string &recordedCrc = chosen->manifest.initialWeightsCrc;
+  if (anyFrozen && !initialPath.empty() && !recordedCrc.empty()) {
+    std::string crc = fileCrc32c(initialPath);
+    if (crc != recordedCrc)
+      return fail("--weights '" + initialPath +
+                  "' is not the file the run started from (crc32c " + crc +
+                  ", the run's " + recordedCrc + ", '" +
+                  chosen->manifest.initialWeights +
+                  "'): its frozen parameters would not be the run's");
+  }
   Expected<std::vector<TensorRef>> tensors =
       tensorsOf(*chosen, initialPath, frozenData);
   if (!tensors)
