@@ -290,6 +290,8 @@ std::string fastllm::rt::manifestJson(const Manifest &m) {
          "\", \"bytes\": " + std::to_string(m.shards[r].bytes) +
          ", \"crc32c\": \"" + hex32(m.shards[r].crc32c) + "\"}";
   s += "\n  ]";
+  if (m.tokens >= 0)
+    s += ",\n  \"tokens\": " + std::to_string(m.tokens);
   if (!m.initialWeights.empty())
     s += ",\n  \"initial_weights\": {\"path\": " +
          jsonQuote(m.initialWeights) +
@@ -357,6 +359,12 @@ Expected<Manifest> fastllm::rt::parseManifest(std::string_view json) {
                     r, shardFileName(int(r)).c_str());
     m.shards.push_back(
         {*bytes, uint32_t(std::strtoul(crc->text.c_str(), nullptr, 16))});
+  }
+  if (v.get("tokens")) {
+    Expected<int64_t> tokens = member(v, "tokens");
+    if (!tokens)
+      return tokens.status();
+    m.tokens = *tokens;
   }
   if (const JsonValue *w = v.get("initial_weights")) {
     const JsonValue *path = w->get("path");

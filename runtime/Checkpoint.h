@@ -92,6 +92,10 @@ struct Manifest {
   /// whether it changed since. Empty in manifests from before.
   std::string initialWeights;
   int64_t initialWeightsBytes = -1, initialWeightsMtimeNs = -1;
+  /// Tokens consumed by the steps up to `step` (all ranks), so that a run
+  /// resumed with another global batch keeps counting from there; -1 in
+  /// manifests from before (then step * the current global batch).
+  int64_t tokens = -1;
   /// fileCrc32c of that file, recorded when the plan has frozen
   /// parameters (their values come from it on resume); empty otherwise.
   std::string initialWeightsCrc;

@@ -535,7 +535,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
             comm);
         !s.ok())
       return s;
-  int64_t firstStep = 0, optimizerStep = 0;
+  int64_t firstStep = 0, optimizerStep = 0, restoredTokens = -1;
   bool restoredState = false;
   if (opts.resume) {
     // Frozen parameters never change: they are not checkpointed but read
@@ -603,6 +603,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                                                  : initialWeights.crc.c_str());
       firstStep = m.step;
       optimizerStep = m.optimizerStep;
+      restoredTokens = m.tokens;
       if (params)
         zero.gather(master, params);
       synchronizeDevice();
@@ -644,6 +645,11 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   AdamW adamw(plan, opts.adamw, rank);
   LrSchedule schedule{opts.lrSchedule, opts.lr, opts.warmupSteps, opts.steps};
   const double tokensPerStep = double(sampler.globalBatch()) * plan.seqLen;
+  // Tokens consumed before this run's first step: the checkpoint's count
+  // (a resumed run may have another global batch), else firstStep's worth.
+  const int64_t tokensBefore = restoredTokens >= 0
+                                   ? restoredTokens
+                                   : firstStep * int64_t(tokensPerStep);
   // The loss is the mean over the global batch: every micro-batch's gradient
   // is a mean over its tokens, summed over gradAccum micro-batches and dp
   // ranks.
@@ -728,6 +734,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     m.initialWeightsBytes = initialWeights.bytes;
     m.initialWeightsMtimeNs = initialWeights.mtimeNs;
     m.initialWeightsCrc = initialWeights.crc;
+    m.tokens = tokensBefore + (at - firstStep) * int64_t(tokensPerStep);
     if (Status st = saveCheckpoint(comm, opts.checkpointDir, m, state);
         !st.ok())
       return st;
@@ -890,7 +897,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     record.allGatherBytes = comm.bytes().allGather - dumpGatherBytes;
     record.allReduceBytes = comm.bytes().allReduce;
     record.skipped = skipped;
-    record.tokens = (s + 1) * int64_t(tokensPerStep);
+    record.tokens = tokensBefore + (s + 1 - firstStep) * int64_t(tokensPerStep);
     record.flopsPerStep = rankFlopsPerStep * double(dp);
     record.modelTflops = rankFlopsPerStep / seconds / 1e12;
     record.mfu = peakTflops > 0 ? record.modelTflops / peakTflops : -1;
