@@ -691,6 +691,10 @@ std::string checkSentencePieceFlags(bool sentencePiece, SentencePieceFlags &sp,
     SmallString<256> path(output);
     sys::path::replace_extension(path, ".model");
     sp.modelOut = std::string(path);
+    if (sp.modelOut == output)
+      return "the trained model goes beside -o with the extension '.model' "
+             "by default, which is -o itself ('" +
+             output.str() + "'): name it with --sp-model-out FILE";
   }
   return "";
 }
