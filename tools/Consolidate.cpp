@@ -106,50 +106,66 @@ Expected<Chosen> choose(const std::string &path, std::optional<int64_t> step) {
                     c.status().message().c_str());
     return c;
   }
-  Expected<std::vector<int64_t>> steps = listCheckpointSteps(path);
-  if (!steps)
-    return steps.status();
-  if (steps->empty())
-    return errorf("'%s' holds no step-N checkpoint folders", path.c_str());
-  std::string skipped, damaged;
-  for (int64_t s : *steps) {
-    if (step && s != *step)
-      continue;
-    std::string folder = path + "/" + stepFolderName(s);
-    Expected<Chosen> c = readStep(folder, s);
-    if (c && damaged.empty())
-      return c;
-    if (c)
-      // As train --resume: a newer save that finished (its manifest is
-      // there) but does not read back is trouble to look at, not to pass
-      // over in silence; the older step is written when asked for.
-      return errorf("%s; nothing was written. Restore it from a copy, or "
-                    "give --step %lld to write the newest step that reads "
-                    "back",
-                    damaged.c_str(), (long long)s);
-    if (step)
-      return errorf("checkpoint '%s': %s", folder.c_str(),
-                    c.status().message().c_str());
-    if (damaged.empty() && exists(folder + "/manifest.json")) {
-      damaged = "checkpoint '" + folder + "' cannot be read: " +
-                c.status().message();
-      continue;
+  // A run with --keep-last may remove steps while they are read: a step
+  // folder gone by then is passed over, and when nothing was found the
+  // listing is taken again (three more times at most).
+  for (int attempt = 0;; ++attempt) {
+    Expected<std::vector<int64_t>> steps = listCheckpointSteps(path);
+    if (!steps)
+      return steps.status();
+    if (steps->empty())
+      return errorf("'%s' holds no step-N checkpoint folders", path.c_str());
+    std::string skipped, damaged;
+    bool vanished = false;
+    for (int64_t s : *steps) {
+      if (step && s != *step)
+        continue;
+      std::string folder = path + "/" + stepFolderName(s);
+      Expected<Chosen> c = readStep(folder, s);
+      if (c && damaged.empty())
+        return c;
+      if (c)
+        // As train --resume: a newer save that finished (its manifest is
+        // there) but does not read back is trouble to look at, not to
+        // pass over in silence; the older step is written when asked for.
+        return errorf("%s; nothing was written. Restore it from a copy, or "
+                      "give --step %lld to write the newest step that reads "
+                      "back",
+                      damaged.c_str(), (long long)s);
+      if (!isFolder(folder)) { // removed since the listing
+        vanished = true;
+        continue;
+      }
+      // Without its manifest now: incomplete, or being removed (the
+      // manifest goes first); a newer step may have completed meanwhile.
+      if (!exists(folder + "/manifest.json"))
+        vanished = true;
+      if (step)
+        return errorf("checkpoint '%s': %s", folder.c_str(),
+                      c.status().message().c_str());
+      if (damaged.empty() && exists(folder + "/manifest.json")) {
+        damaged = "checkpoint '" + folder + "' cannot be read: " +
+                  c.status().message();
+        continue;
+      }
+      if (damaged.empty())
+        WithColor::warning(errs(), "fastllm-opt consolidate")
+            << "checkpoint '" << folder
+            << "' skipped: " << c.status().message() << "\n";
+      skipped += "; '" + folder + "': " + c.status().message();
     }
-    if (damaged.empty())
-      WithColor::warning(errs(), "fastllm-opt consolidate")
-          << "checkpoint '" << folder << "' skipped: " << c.status().message()
-          << "\n";
-    skipped += "; '" + folder + "': " + c.status().message();
-  }
-  if (step)
-    return errorf("'%s' has no checkpoint of step %lld", path.c_str(),
-                  (long long)*step);
-  if (!damaged.empty())
-    return errorf("%s%s%s", damaged.c_str(),
-                  skipped.empty() ? "" : "; no older step reads back either",
+    if (vanished && damaged.empty() && attempt < 3)
+      continue;
+    if (step)
+      return errorf("'%s' has no checkpoint of step %lld", path.c_str(),
+                    (long long)*step);
+    if (!damaged.empty())
+      return errorf("%s%s%s", damaged.c_str(),
+                    skipped.empty() ? "" : "; no older step reads back either",
+                    skipped.c_str());
+    return errorf("no complete checkpoint in '%s'%s", path.c_str(),
                   skipped.c_str());
-  return errorf("no complete checkpoint in '%s'%s", path.c_str(),
-                skipped.c_str());
+  }
 }
 
 /// What to do about the frozen parameters' file when --weights is not
