@@ -116,14 +116,18 @@ Expected<Chosen> choose(const std::string &path, std::optional<int64_t> step) {
     if (steps->empty())
       return errorf("'%s' holds no step-N checkpoint folders", path.c_str());
     std::string skipped, damaged;
+    std::vector<std::string> warnings; // printed with the step chosen
     bool vanished = false;
     for (int64_t s : *steps) {
       if (step && s != *step)
         continue;
       std::string folder = path + "/" + stepFolderName(s);
       Expected<Chosen> c = readStep(folder, s);
-      if (c && damaged.empty())
+      if (c && damaged.empty()) {
+        for (const std::string &w : warnings)
+          WithColor::warning(errs(), "fastllm-opt consolidate") << w << "\n";
         return c;
+      }
       if (c)
         // As train --resume: a newer save that finished (its manifest is
         // there) but does not read back is trouble to look at, not to
@@ -149,9 +153,8 @@ Expected<Chosen> choose(const std::string &path, std::optional<int64_t> step) {
         continue;
       }
       if (damaged.empty())
-        WithColor::warning(errs(), "fastllm-opt consolidate")
-            << "checkpoint '" << folder
-            << "' skipped: " << c.status().message() << "\n";
+        warnings.push_back("checkpoint '" + folder +
+                           "' skipped: " + c.status().message());
       skipped += "; '" + folder + "': " + c.status().message();
     }
     if (vanished && damaged.empty() && attempt < 3)
