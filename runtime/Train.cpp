@@ -982,8 +982,25 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       if (Status s = saveParams(opts.saveWeightsPath, plan, full,
                                 /*trainableOnly=*/false, frozen, &written,
                                 /*replace=*/opts.overwrite);
-          !s.ok())
+          !s.ok()) {
+        // The trained weights are the run's result: when their path cannot
+        // take them (its folder removed meanwhile, say), they go to a new
+        // file in the current folder, named in the error, before giving up.
+        std::string base = opts.saveWeightsPath.substr(
+            opts.saveWeightsPath.find_last_of('/') + 1);
+        std::string rescue = base + ".rescued-" + std::to_string(getpid());
+        // (Not when the write itself kept them: an output appeared there.)
+        bool kept = s.message().find("what was written is kept in") !=
+                    std::string::npos;
+        if (!kept &&
+            saveParams(rescue, plan, full, /*trainableOnly=*/false, frozen,
+                       nullptr, /*replace=*/false)
+                .ok())
+          return Status::error(s.message() + "; the trained weights were "
+                                             "written to '" +
+                               rescue + "' in the current folder instead");
         return s;
+      }
     if (log)
       std::fprintf(log, "saved weights: '%s' (%lld tensors, %lld bytes)\n",
                    opts.saveWeightsPath.c_str(), (long long)written.tensors,
