@@ -13,6 +13,9 @@ namespace {
 
 volatile std::sig_atomic_t received = 0;
 volatile std::sig_atomic_t atOnce = 1;
+/// Seconds a requested stop may take before SIGALRM ends the process; 0:
+/// no limit.
+volatile std::sig_atomic_t deadlineSeconds = 0;
 
 extern "C" void onStopSignal(int signal) {
   // Before the first step there is nothing to save, and the process may be
@@ -21,8 +24,14 @@ extern "C" void onStopSignal(int signal) {
   // reader went away; the loading needs no reader).
   if (atOnce && signal != SIGPIPE)
     _exit(128 + signal);
-  if (!received)
+  if (!received) {
     received = signal;
+    // A step that never ends (a library stuck retrying an allocation)
+    // would keep the stop from happening: past the deadline, SIGALRM's
+    // default action ends the process.
+    if (deadlineSeconds > 0)
+      alarm(unsigned(deadlineSeconds));
+  }
 }
 
 } // namespace
@@ -46,6 +55,12 @@ void fastllm::rt::installStopHandlers() {
 int fastllm::rt::stopRequest() { return received; }
 
 void fastllm::rt::setStopWaitsForStep(bool waits) { atOnce = !waits; }
+
+void fastllm::rt::setStopDeadline(double seconds) {
+  deadlineSeconds = seconds <= 0 ? 0
+                    : seconds > 86400 ? 86400
+                                      : std::sig_atomic_t(seconds + 0.5);
+}
 
 void fastllm::rt::requestStop(int signal) { received = signal; }
 

@@ -30,6 +30,11 @@ int stopRequest();
 /// is saved before a step has run, and loading may be stuck in a library.
 void setStopWaitsForStep(bool waits);
 
+/// A stop requested after that waits at most `seconds` (0: no limit) for
+/// its step and checkpoint; then SIGALRM ends the process (a step stuck in
+/// a library must not keep a scheduler's SIGTERM from acting).
+void setStopDeadline(double seconds);
+
 /// Records `signal` as if it had been received (tests), or clears it.
 void requestStop(int signal);
 void clearStopRequest();

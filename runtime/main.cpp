@@ -90,6 +90,9 @@ int main(int argc, char **argv) {
   // Before the first step a stop signal ends the process at once (nothing
   // to save yet); from the first step on it waits for the step.
   installStopHandlers();
+  // A stop waits for its step and checkpoint, at most twice as long as any
+  // collective may wait (they end the job themselves past theirs).
+  setStopDeadline(2 * opts->collectiveTimeout);
   RunOutcome outcome;
   if (Status s = train(plan, fastllm_step, *opts, **comm, stdout, &outcome);
       !s.ok()) {

@@ -33,6 +33,7 @@
 #include <random>
 #include <sstream>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
 
@@ -1046,4 +1047,55 @@ TEST(LogLine, ShowsSmallMfuWithoutRoundingItToZero) {
       << logLine(r, 10, 0);
   r.mfu = -1; // no peak known: no MFU at all
   EXPECT_EQ(logLine(r, 10, 0).find("MFU"), std::string::npos);
+}
+
+namespace {
+/// Runs `child` in a forked process and returns its wait status, or -1 when
+/// it has not ended within `seconds` (it is killed then).
+int runForked(void (*child)(), int seconds) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    child();
+    _exit(0);
+  }
+  for (int i = 0; i < seconds * 20; ++i) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid)
+      return status;
+    usleep(50000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
+}
+} // namespace
+
+TEST(StopSignals, BeforeTheFirstStepAStopEndsTheProcessAtOnce) {
+  int status = runForked(
+      [] {
+        installStopHandlers();
+        setStopWaitsForStep(false);
+        raise(SIGTERM);
+        sleep(30); // (loading, stuck)
+      },
+      10);
+  ASSERT_NE(status, -1) << "still running 10 s after SIGTERM";
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+}
+
+TEST(StopSignals, AStepThatNeverEndsIsEndedAtTheDeadline) {
+  int status = runForked(
+      [] {
+        installStopHandlers();
+        setStopWaitsForStep(true);
+        setStopDeadline(1);
+        raise(SIGTERM);
+        for (;;)
+          pause(); // a step stuck in a library: the stop never comes
+      },
+      10);
+  ASSERT_NE(status, -1) << "still running 10 s after SIGTERM";
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGALRM);
 }
