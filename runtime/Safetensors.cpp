@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -289,10 +290,19 @@ Status fastllm::rt::writeSafetensors(
 }
 
 Status fastllm::rt::loadParams(const std::string &path, const PlanInfo &plan,
-                               float *params, float *frozen, Which which) {
+                               float *params, float *frozen, Which which,
+                               std::vector<std::string> *unused) {
   Expected<SafetensorsReader> reader = SafetensorsReader::open(path);
   if (!reader)
     return reader.status();
+  if (unused) {
+    std::set<std::string> names;
+    for (int32_t i = 0; i < plan.numParams; ++i)
+      names.insert(paramName(plan.params[i]));
+    for (const TensorEntry &e : reader->tensors())
+      if (!names.count(e.name))
+        unused->push_back(e.name);
+  }
   for (int32_t i = 0; i < plan.numParams; ++i) {
     const ParamInfo &p = plan.params[i];
     const bool frozenArray = inFrozenArray(plan, p);

@@ -104,9 +104,11 @@ enum class Which { All, Frozen };
 /// Fills the flat params array with the plan's trainable parameters and the
 /// frozen array (PlanInfo::frozenElements) with its frozen ones (with
 /// Which::Frozen, only those): each must be in the file as F32 with the
-/// plan's shape.
+/// plan's shape. `unused`, when given, receives the names of the file's
+/// tensors the plan has no parameter for (a file of another model?).
 Status loadParams(const std::string &path, const PlanInfo &plan, float *params,
-                  float *frozen = nullptr, Which which = Which::All);
+                  float *frozen = nullptr, Which which = Which::All,
+                  std::vector<std::string> *unused = nullptr);
 
 /// Writes the plan's trainable parameters from a flat array laid out like
 /// params (the weights themselves, or their gradients) and, unless

@@ -621,8 +621,18 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   }
   if (!restoredState) {
     float *full = fullParams();
-    if (Status s = loadParams(opts.weightsPath, plan, full, frozen); !s.ok())
+    std::vector<std::string> unused;
+    if (Status s = loadParams(opts.weightsPath, plan, full, frozen, Which::All,
+                              &unused);
+        !s.ok())
       return Status::error("weights: " + s.message());
+    if (leader && !unused.empty())
+      std::fprintf(stderr,
+                   "train: warning: --weights '%s' holds %zu tensor%s the "
+                   "model has no parameter for (first: '%s'): not used; a "
+                   "file of another model?\n",
+                   opts.weightsPath.c_str(), unused.size(),
+                   unused.size() == 1 ? "" : "s", unused.front().c_str());
     zero.shardParams(full);
     std::vector<float>().swap(fullOutside);
     synchronizeDevice();
