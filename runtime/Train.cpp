@@ -232,7 +232,8 @@ Status checkRanksAgree(const Fingerprint &mine, Communicator &comm) {
 /// Keeps the metrics file's lines up to `step`, dropping later ones (and a
 /// line torn by a kill), so that a resumed run appends to the history of the
 /// checkpoint it continues.
-Status truncateMetrics(const std::string &path, int64_t step) {
+Status truncateMetrics(const std::string &path, int64_t step,
+                       std::string *gap) {
   if (std::string why = checkReplaceable(path); !why.empty())
     return Status::error("metrics file: " + why);
   Expected<OpenedInput> in =
@@ -247,6 +248,7 @@ Status truncateMetrics(const std::string &path, int64_t step) {
   // never cut.
   constexpr size_t kMaxLine = size_t(64) << 10;
   std::string kept, line;
+  int64_t nextStep = 1;
   std::vector<char> chunk(size_t(1) << 20);
   int64_t number = 0;
   bool done = false;
@@ -274,15 +276,24 @@ Status truncateMetrics(const std::string &path, int64_t step) {
       std::optional<uint64_t> lineStep = at ? at->asUint64() : std::nullopt;
       if (!lineStep)
         return refuse("is not a metrics line");
-      if (*lineStep > uint64_t(step))
+      if (*lineStep > uint64_t(step)) {
         done = true; // a later step of this run: dropped with the rest
-      else
+      } else {
         kept += line + "\n";
+        // This run's history is steps 1, 2, ... in order, once each.
+        if (gap->empty() && int64_t(*lineStep) != nextStep)
+          *gap = "step " + std::to_string(*lineStep) + " where step " +
+                 std::to_string(nextStep) + " was due";
+        nextStep = int64_t(*lineStep) + 1;
+      }
       line.clear();
     }
   }
   if (!done && !line.empty() && line[0] != '{')
     return ++number, refuse("is not a metrics line");
+  if (gap->empty() && nextStep != step + 1)
+    *gap = "it ends at step " + std::to_string(nextStep - 1) +
+           ", the checkpoint is at step " + std::to_string(step);
   if (std::string why = writeFileAtomically(path, kept); !why.empty())
     return Status::error("cannot rewrite metrics file: " + why);
   return Status();
@@ -640,9 +651,18 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
 
   std::optional<MetricsFile> metrics;
   if (leader && !opts.metricsPath.empty()) {
-    if (opts.resume)
-      if (Status s = truncateMetrics(opts.metricsPath, firstStep); !s.ok())
+    if (opts.resume) {
+      std::string gap;
+      if (Status s = truncateMetrics(opts.metricsPath, firstStep, &gap);
+          !s.ok())
         return s;
+      if (!gap.empty())
+        std::fprintf(stderr,
+                     "train: warning: --metrics '%s' is not this run's whole "
+                     "history up to its checkpoint (%s): another run's file, "
+                     "or lines lost; it goes on from here\n",
+                     opts.metricsPath.c_str(), gap.c_str());
+    }
     Expected<MetricsFile> file =
         MetricsFile::create(opts.metricsPath, /*append=*/opts.resume);
     if (!file)
