@@ -110,7 +110,10 @@ Fingerprint runFingerprint(const Options &opts, int64_t dataTokens) {
     return std::string(buf);
   };
   bool cosine = opts.lrSchedule == LrScheduleKind::Cosine;
+  // The data by its size and ends, not only its token count: a resume on
+  // another file of the same length is warned too.
   Fingerprint f = {{"data_tokens", std::to_string(dataTokens)},
+                   {"data_sample_crc32c", fileCrc32c(opts.dataPath, 1 << 20)},
                    {"sampler", opts.sampler == SamplerKind::Sequential
                                    ? "sequential"
                                    : "random"},
@@ -145,8 +148,8 @@ Fingerprint sharedOptions(const Options &opts, int64_t dataTokens,
   // Not only the flags: the files they name must hold the same bytes on
   // every rank (a stale copy of the run folder on one node trained a mix of
   // two models). The weights whole; the data by its ends.
+  // (The data's is in the run fingerprint.)
   f.push_back({"weights_crc32c", fileCrc32c(opts.weightsPath)});
-  f.push_back({"data_sample_crc32c", fileCrc32c(opts.dataPath, 1 << 20)});
   if (!opts.valDataPath.empty())
     f.push_back({"val_data_sample_crc32c", fileCrc32c(opts.valDataPath, 1 << 20)});
   auto flag = [](bool b) { return std::string(b ? "given" : "not given"); };
