@@ -50,19 +50,8 @@ def make_model():
 def torch_losses(batches, decayed):
     """Losses of AdamW with decay on the parameters `decayed(name, p)` picks."""
     model = make_model()
-    named = list(model.named_parameters())
-    opt = torch.optim.AdamW(
-        [{"params": [p for n, p in named if decayed(n, p)], "weight_decay": HP["weight_decay"]},
-         {"params": [p for n, p in named if not decayed(n, p)], "weight_decay": 0.0}],
-        lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]), eps=HP["eps"])
-    losses = []
-    for x, y in batches:
-        opt.zero_grad()
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-    return losses
+    return torch_reference.train(model, model.named_parameters(), batches, HP,
+                                 decayed=decayed)
 
 
 def train(run, data_path, work, name, flags):

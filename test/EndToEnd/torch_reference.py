@@ -59,20 +59,26 @@ def sequential_batches(data, steps, batch, seq):
         yield torch.tensor(x), torch.tensor(y)
 
 
-def adamw(params, hp):
+def adamw(params, hp, decayed=None):
     """torch.optim.AdamW as `train` runs it: weight decay on tensors of two
-    or more dims only. `hp`: lr, beta1, beta2, eps, weight_decay."""
-    params = list(params)
+    or more dims only, or on those `decayed(name, param)` picks (then
+    `params` are (name, param) pairs: train's --decay/--no-decay groups).
+    `hp`: lr, beta1, beta2, eps, weight_decay."""
+    named = list(params) if decayed else [(None, p) for p in params]
+    decays = decayed or (lambda name, p: p.dim() >= 2)
     return torch.optim.AdamW(
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp["weight_decay"]},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        [{"params": [p for n, p in named if decays(n, p)],
+          "weight_decay": hp["weight_decay"]},
+         {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0}],
         lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"])
 
 
-def train(model, params, batches, hp, before_step=None):
+def train(model, params, batches, hp, before_step=None, decayed=None):
     """Steps AdamW over `batches` (the loss is model(x, y)); returns the
-    per-step losses. `before_step(step)` runs before each forward."""
-    opt = adamw(params, hp)
+    per-step losses. `before_step(step)` runs before each forward;
+    `decayed(name, param)`, when given, picks the tensors that decay (then
+    `params` are model.named_parameters())."""
+    opt = adamw(params, hp, decayed)
     losses = []
     for step, (x, y) in enumerate(batches):
         if before_step:
