@@ -210,49 +210,39 @@ LogicalResult GraphImporter::decideTrainable(const onnx::ModelProto &model,
                          << "' must be a JSON array of parameter names";
   }
 
-  // Values the loss depends on differentiably: walk back from the return
-  // through float operands of ops with a float result.
   auto isFloat = [](Value v) {
     auto t = dyn_cast<RankedTensorType>(v.getType());
     return t && isa<FloatType>(t.getElementType());
   };
-  llvm::DenseSet<Value> needed;
+  // The parameters a walk back from the return reaches through float
+  // operands of ops with a float result; with `throughSinCos` false, not
+  // past sin and cos: what the loss reaches only through them is an angle
+  // table (rotary or positional frequencies, computed from a buffer that
+  // constant folding may have folded with them), which PyTorch keeps in
+  // buffers, not weights.
   Block &body = forward.getBody().front();
-  for (Value v : body.getTerminator()->getOperands())
-    if (isFloat(v))
-      needed.insert(v);
-  llvm::StringSet<> reached;
-  for (Operation &op : llvm::reverse(body.without_terminator())) {
-    if (!llvm::any_of(op.getResults(),
-                      [&](Value r) { return needed.contains(r); }))
-      continue;
-    if (auto get = dyn_cast<model::GetParameterOp>(op))
-      reached.insert(get.getName());
-    for (Value v : op.getOperands())
+  auto reachedFromLoss = [&](bool throughSinCos) {
+    llvm::DenseSet<Value> needed;
+    for (Value v : body.getTerminator()->getOperands())
       if (isFloat(v))
         needed.insert(v);
-  }
-  // The same walk not passing through sin and cos: what the loss reaches
-  // only through them is an angle table (rotary or positional frequencies,
-  // computed from a buffer that constant folding may have folded with
-  // them), which PyTorch keeps in buffers, not weights.
-  llvm::DenseSet<Value> direct;
-  for (Value v : body.getTerminator()->getOperands())
-    if (isFloat(v))
-      direct.insert(v);
-  llvm::StringSet<> reachedDirectly;
-  for (Operation &op : llvm::reverse(body.without_terminator())) {
-    if (!llvm::any_of(op.getResults(),
-                      [&](Value r) { return direct.contains(r); }))
-      continue;
-    if (auto get = dyn_cast<model::GetParameterOp>(op))
-      reachedDirectly.insert(get.getName());
-    if (isa<model::SinOp, model::CosOp>(op))
-      continue;
-    for (Value v : op.getOperands())
-      if (isFloat(v))
-        direct.insert(v);
-  }
+    llvm::StringSet<> reached;
+    for (Operation &op : llvm::reverse(body.without_terminator())) {
+      if (!llvm::any_of(op.getResults(),
+                        [&](Value r) { return needed.contains(r); }))
+        continue;
+      if (auto get = dyn_cast<model::GetParameterOp>(op))
+        reached.insert(get.getName());
+      if (!throughSinCos && isa<model::SinOp, model::CosOp>(op))
+        continue;
+      for (Value v : op.getOperands())
+        if (isFloat(v))
+          needed.insert(v);
+    }
+    return reached;
+  };
+  llvm::StringSet<> reached = reachedFromLoss(true);
+  llvm::StringSet<> reachedDirectly = reachedFromLoss(false);
 
   for (auto param : module.getOps<model::ParameterOp>()) {
     StringRef name = param.getSymName();

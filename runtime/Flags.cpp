@@ -78,6 +78,15 @@ Status parseReal(const char *flag, const std::string &v, double lo, bool openLo,
   return Status();
 }
 
+/// A POSIX extended regex flag (checkDecayRegex's rules) into `out`.
+Status parseRegex(const char *flag, const std::string &v, std::string &out) {
+  if (std::string why = checkDecayRegex(v); !why.empty())
+    return errorf("--%s: invalid regex '%s': %s", flag, v.c_str(),
+                  why.c_str());
+  out = v;
+  return Status();
+}
+
 template <typename E>
 Status parseEnum(const char *flag, const std::string &v,
                  std::initializer_list<std::pair<const char *, E>> choices,
@@ -162,22 +171,14 @@ const Flag kFlags[] = {
      "extended regex searched in the name; '.*' decays every parameter, as "
      "torch.optim.AdamW(model.parameters()) does)",
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
-       if (std::string why = checkDecayRegex(v); !why.empty())
-         return errorf("--%s: invalid regex '%s': %s", f, v.c_str(),
-                       why.c_str());
-       o.adamw.decayRegex = v;
-       return Status();
+       return parseRegex(f, v, o.adamw.decayRegex);
      }},
     {"no-decay", "REGEX", "off",
      "no weight decay for the parameters whose name matches (wins over "
      "--decay): 'bias|norm|ln|wte|wpe' keeps biases, norms and embeddings "
      "out, as many training scripts' parameter groups do",
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
-       if (std::string why = checkDecayRegex(v); !why.empty())
-         return errorf("--%s: invalid regex '%s': %s", f, v.c_str(),
-                       why.c_str());
-       o.adamw.noDecayRegex = v;
-       return Status();
+       return parseRegex(f, v, o.adamw.noDecayRegex);
      }},
     {"clip-grad-norm", "F", "off", "clip the global gradient L2 norm to F",
      [](Options &o, const char *f, const std::string &v, const PlanInfo &) {
