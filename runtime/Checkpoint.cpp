@@ -292,6 +292,8 @@ std::string fastllm::rt::manifestJson(const Manifest &m) {
   s += "\n  ]";
   if (m.tokens >= 0)
     s += ",\n  \"tokens\": " + std::to_string(m.tokens);
+  if (!m.loss.empty())
+    s += ",\n  \"loss\": " + jsonQuote(m.loss);
   if (!m.initialWeights.empty())
     s += ",\n  \"initial_weights\": {\"path\": " +
          jsonQuote(m.initialWeights) +
@@ -365,6 +367,14 @@ Expected<Manifest> fastllm::rt::parseManifest(std::string_view json) {
     if (!tokens)
       return tokens.status();
     m.tokens = *tokens;
+  }
+  if (const JsonValue *loss = v.get("loss")) {
+    if (loss->kind != JsonValue::Kind::String || loss->text.empty() ||
+        loss->text.size() > 32 ||
+        loss->text.find_first_not_of("0123456789.eE+-NaInfty") !=
+            std::string::npos)
+      return errorf("'loss' must be a number as a string (\"2.5\")");
+    m.loss = loss->text;
   }
   if (const JsonValue *w = v.get("initial_weights")) {
     const JsonValue *path = w->get("path");

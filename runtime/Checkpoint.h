@@ -96,6 +96,9 @@ struct Manifest {
   /// resumed with another global batch keeps counting from there; -1 in
   /// manifests from before (then step * the current global batch).
   int64_t tokens = -1;
+  /// The loss of step `step` as the metrics file has it (lossText), so that
+  /// `--resume` knows the run's metrics file; empty in manifests from before.
+  std::string loss;
   /// fileCrc32c of that file, recorded when the plan has frozen
   /// parameters (their values come from it on resume); empty otherwise.
   std::string initialWeightsCrc;

@@ -2,6 +2,7 @@
 
 #include "runtime/Metrics.h"
 
+#include "runtime/Json.h"
 #include "runtime/OutputFile.h"
 
 #include <algorithm>
@@ -33,9 +34,57 @@ std::string number(double x, const char *format = nullptr) {
 
 } // namespace
 
+std::string fastllm::rt::lossText(double loss) {
+  return number(loss, "%.9g");
+}
+
+Expected<MetricsLine> fastllm::rt::parseMetricsLine(std::string_view line) {
+  // Quote the non-finite literals outside strings; nothing else changes.
+  std::string quoted;
+  quoted.reserve(line.size() + 8);
+  bool inString = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    char c = line[i];
+    if (inString) {
+      quoted += c;
+      if (c == '\\' && i + 1 < line.size())
+        quoted += line[++i];
+      else if (c == '"')
+        inString = false;
+      continue;
+    }
+    if (c == '"')
+      inString = true;
+    std::string_view rest = line.substr(i);
+    bool done = false;
+    for (std::string_view word : {"-Infinity", "Infinity", "NaN"})
+      if (!done && rest.substr(0, word.size()) == word) {
+        quoted += '"' + std::string(word) + '"';
+        i += word.size() - 1;
+        done = true;
+      }
+    if (!done)
+      quoted += c;
+  }
+  Expected<JsonValue> v = parseJson(quoted);
+  if (!v)
+    return v.status();
+  const JsonValue *step = v->get("step");
+  std::optional<uint64_t> number = step ? step->asUint64() : std::nullopt;
+  if (!number)
+    return Status::error("no \"step\"");
+  MetricsLine out;
+  out.step = *number;
+  if (const JsonValue *loss = v->get("loss");
+      loss && (loss->kind == JsonValue::Kind::Number ||
+               loss->kind == JsonValue::Kind::String))
+    out.loss = loss->text;
+  return out;
+}
+
 std::string fastllm::rt::metricsJson(const StepRecord &r) {
   return "{\"step\": " + std::to_string(r.step) +
-         ", \"loss\": " + number(r.loss, "%.9g") + ", \"lr\": " + number(r.lr) +
+         ", \"loss\": " + lossText(r.loss) + ", \"lr\": " + number(r.lr) +
          ", \"grad_norm\": " + number(r.gradNorm) +
          ", \"tokens_per_s\": " + number(r.tokensPerSecond, "%.1f") +
          ", \"step_ms\": " + number(r.stepMs, "%.3f") +

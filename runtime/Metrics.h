@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <string_view>
 
 namespace fastllm::rt {
 
@@ -56,6 +57,20 @@ double defaultPeakTflops(const std::string &device, double flops,
 /// lr and grad_norm exactly (shortest round trip). Non-finite values are
 /// written as NaN/Infinity, which Python's json module reads.
 std::string metricsJson(const StepRecord &r);
+
+/// The loss as metricsJson writes it ("3.14159274", "NaN"): a checkpoint's
+/// manifest records its step's loss so that `--resume` can tell the run's
+/// own metrics file from another run's with the same steps.
+std::string lossText(double loss);
+
+/// One metrics line parsed (the bare NaN/Infinity/-Infinity metricsJson
+/// writes, which JSON lacks, are read as strings of that text): its
+/// "step" and the text of its "loss", or an error for any other line.
+struct MetricsLine {
+  uint64_t step = 0;
+  std::string loss; ///< empty when the line has none
+};
+Expected<MetricsLine> parseMetricsLine(std::string_view line);
 
 /// `step   12/300 | loss 5.123456 | lr 1.00e-03 | ... | ETA 0:01:23`, with
 /// the tokens so far, TFLOP/s, MFU (when known), memory and the time.

@@ -234,9 +234,11 @@ Status checkRanksAgree(const Fingerprint &mine, Communicator &comm) {
 
 /// Keeps the metrics file's lines up to `step`, dropping later ones (and a
 /// line torn by a kill), so that a resumed run appends to the history of the
-/// checkpoint it continues.
+/// checkpoint it continues. `loss` (lossText, empty when the manifest has
+/// none) must be step `step`'s loss in the file: another run's file with the
+/// same steps is refused, never cut.
 Status truncateMetrics(const std::string &path, int64_t step,
-                       std::string *gap) {
+                       const std::string &loss, std::string *gap) {
   if (std::string why = checkReplaceable(path); !why.empty())
     return Status::error("metrics file: " + why);
   Expected<OpenedInput> in =
@@ -255,11 +257,11 @@ Status truncateMetrics(const std::string &path, int64_t step,
   std::vector<char> chunk(size_t(1) << 20);
   int64_t number = 0;
   bool done = false;
-  auto refuse = [&](const char *why) {
+  auto refuse = [&](const std::string &why) {
     return errorf("--metrics '%s' is not this run's metrics file (line %lld "
                   "%s); it is left as it is: move it away or choose another "
                   "--metrics",
-                  path.c_str(), (long long)number, why);
+                  path.c_str(), (long long)number, why.c_str());
   };
   for (uint64_t offset = 0; !done && offset < uint64_t(in->size);) {
     size_t n = size_t(std::min<uint64_t>(chunk.size(), in->size - offset));
@@ -274,20 +276,23 @@ Status truncateMetrics(const std::string &path, int64_t step,
         continue;
       }
       ++number;
-      Expected<JsonValue> v = parseJson(line);
-      const JsonValue *at = v ? v->get("step") : nullptr;
-      std::optional<uint64_t> lineStep = at ? at->asUint64() : std::nullopt;
-      if (!lineStep)
+      Expected<MetricsLine> parsed = parseMetricsLine(line);
+      if (!parsed)
         return refuse("is not a metrics line");
-      if (*lineStep > uint64_t(step)) {
+      if (parsed->step > uint64_t(step)) {
         done = true; // a later step of this run: dropped with the rest
       } else {
+        if (int64_t(parsed->step) == step && !loss.empty() &&
+            parsed->loss != loss)
+          return refuse("has step " + std::to_string(step) + "'s loss " +
+                        (parsed->loss.empty() ? "missing" : parsed->loss) +
+                        ", the checkpoint's is " + loss);
         kept += line + "\n";
         // This run's history is steps 1, 2, ... in order, once each.
-        if (gap->empty() && int64_t(*lineStep) != nextStep)
-          *gap = "step " + std::to_string(*lineStep) + " where step " +
+        if (gap->empty() && int64_t(parsed->step) != nextStep)
+          *gap = "step " + std::to_string(parsed->step) + " where step " +
                  std::to_string(nextStep) + " was due";
-        nextStep = int64_t(*lineStep) + 1;
+        nextStep = int64_t(parsed->step) + 1;
       }
       line.clear();
     }
@@ -550,6 +555,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
         !s.ok())
       return s;
   int64_t firstStep = 0, optimizerStep = 0, restoredTokens = -1;
+  std::string restoredLoss; // the checkpoint step's loss, as lossText
+
   bool restoredState = false;
   if (opts.resume) {
     // Frozen parameters never change: they are not checkpointed but read
@@ -618,6 +625,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
       firstStep = m.step;
       optimizerStep = m.optimizerStep;
       restoredTokens = m.tokens;
+      restoredLoss = m.loss;
       if (params)
         zero.gather(master, params);
       synchronizeDevice();
@@ -656,7 +664,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   if (leader && !opts.metricsPath.empty()) {
     if (opts.resume) {
       std::string gap;
-      if (Status s = truncateMetrics(opts.metricsPath, firstStep, &gap);
+      if (Status s = truncateMetrics(opts.metricsPath, firstStep,
+                                     restoredLoss, &gap);
           !s.ok())
         return s;
       if (!gap.empty())
@@ -743,7 +752,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
 
   // Writes step `at`'s checkpoint, refusing one that would hold a value that
   // is not finite (every rank counts its own and all learn the counts).
-  auto checkpoint = [&](int64_t at) -> Status {
+  auto checkpoint = [&](int64_t at, double loss) -> Status {
     Clock::time_point saveStart = Clock::now();
     int64_t bad = countInvalid(state);
     std::vector<int64_t> counts(dp);
@@ -768,6 +777,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     m.initialWeightsMtimeNs = initialWeights.mtimeNs;
     m.initialWeightsCrc = initialWeights.crc;
     m.tokens = tokensBefore + (at - firstStep) * int64_t(tokensPerStep);
+    m.loss = lossText(loss);
     if (Status st = saveCheckpoint(comm, opts.checkpointDir, m, state);
         !st.ok())
       return st;
@@ -986,7 +996,7 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     const bool last = s + 1 == opts.steps || stopSignal;
     if (checkpointing &&
         (last || (opts.checkpointEvery && (s + 1) % opts.checkpointEvery == 0)))
-      if (Status st = checkpoint(s + 1); !st.ok())
+      if (Status st = checkpoint(s + 1, loss); !st.ok())
         return st;
     if (stopSignal) {
       if (log) {

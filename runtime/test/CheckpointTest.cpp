@@ -75,6 +75,7 @@ Manifest sampleManifest() {
   m.plan = {{"target", "cpu"}, {"params[0].name", "h.0/\"w\""}};
   m.run = {{"seed", "7"}};
   m.shards = {{1234, 0xe3069283u}, {99, 0x0000000fu}};
+  m.loss = "3.14159274";
   return m;
 }
 
@@ -96,6 +97,7 @@ TEST(Manifest, RoundTrips) {
   EXPECT_EQ(back->shards[0].bytes, 1234);
   EXPECT_EQ(back->shards[0].crc32c, 0xe3069283u);
   EXPECT_EQ(back->shards[1].crc32c, 0xfu);
+  EXPECT_EQ(back->loss, "3.14159274");
 }
 
 TEST(Manifest, RejectsMalformedOnes) {
@@ -123,6 +125,10 @@ TEST(Manifest, RejectsMalformedOnes) {
             std::string::npos);
   EXPECT_EQ(broken("\"seed\": \"7\"", "\"seed\": 7"),
             "'run.seed' is not a string");
+  EXPECT_EQ(broken("\"3.14159274\"", "3.14159274"),
+            "'loss' must be a number as a string (\"2.5\")");
+  EXPECT_EQ(broken("\"3.14159274\"", "\"3.1; rm\""),
+            "'loss' must be a number as a string (\"2.5\")");
   EXPECT_FALSE(parseManifest(good.substr(0, good.size() / 2)).ok());
 }
 

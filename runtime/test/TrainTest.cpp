@@ -1049,6 +1049,29 @@ TEST(LogLine, ShowsSmallMfuWithoutRoundingItToZero) {
   EXPECT_EQ(logLine(r, 10, 0).find("MFU"), std::string::npos);
 }
 
+TEST(MetricsLine, ReadsEveryLineMetricsJsonWrites) {
+  StepRecord r;
+  r.step = 7;
+  for (double loss : {2.5, 3.14159274, std::nan(""), -double(INFINITY)}) {
+    r.loss = loss;
+    r.gradNorm = loss; // also non-finite, elsewhere in the line
+    Expected<MetricsLine> line = parseMetricsLine(metricsJson(r));
+    ASSERT_TRUE(line.ok()) << metricsJson(r) << ": "
+                           << line.status().message();
+    EXPECT_EQ(line->step, 7u);
+    EXPECT_EQ(line->loss, lossText(loss));
+  }
+  EXPECT_EQ(lossText(std::nan("")), "NaN");
+  // Inside a string the words stay as they are; elsewhere JSON still rules.
+  Expected<MetricsLine> quoted =
+      parseMetricsLine(R"({"step": 2, "note": "NaN \" Infinity", "loss": 1})");
+  ASSERT_TRUE(quoted.ok()) << quoted.status().message();
+  EXPECT_EQ(quoted->loss, "1");
+  EXPECT_FALSE(parseMetricsLine(R"({"step": 2, "loss": NaNx})").ok());
+  EXPECT_FALSE(parseMetricsLine(R"({"loss": 1})").ok());
+  EXPECT_FALSE(parseMetricsLine(R"({"step": -2, "loss": 1})").ok());
+}
+
 namespace {
 /// Runs `child` in a forked process and returns its wait status, or -1 when
 /// it has not ended within `seconds` (it is killed then).
