@@ -32,6 +32,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/InputFile.h"
+#include "runtime/Json.h"
 #include "runtime/OutputFile.h"
 #include "runtime/TokenFileFormat.h"
 
@@ -42,7 +43,6 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/InitLLVM.h"
-#include "llvm/Support/JSON.h"
 #include "llvm/Support/LineIterator.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
@@ -243,21 +243,31 @@ bool forEachDocument(StringRef path, StringRef jsonlField,
                   << " are read in a line)\n";
       return false;
     }
-    Expected<json::Value> value = json::parse(*line);
+    // A byte-order mark before the first line (a file saved as "UTF-8 with
+    // BOM"): JSON allows a reader to pass over it.
+    StringRef text = *line;
+    if (text.data() == buffer->getBufferStart())
+      text.consume_front("\xEF\xBB\xBF");
+    // The runtime's parser: a key given twice and a lone UTF-16 surrogate
+    // (\ud800), which no UTF-8 text can hold, are errors, not a silent pick
+    // or a replacement character.
+    fastllm::rt::Expected<fastllm::rt::JsonValue> value =
+        fastllm::rt::parseJson(std::string_view(text.data(), text.size()));
     if (!value) {
       dataError() << path << ":" << line.line_number()
-                  << ": not JSON: " << toString(value.takeError()) << "\n";
+                  << ": not JSON: " << value.status().message() << "\n";
       return false;
     }
-    const json::Object *object = value->getAsObject();
-    std::optional<StringRef> text =
-        object ? object->getString(jsonlField) : std::nullopt;
-    if (!text) {
+    const fastllm::rt::JsonValue *field =
+        value->kind == fastllm::rt::JsonValue::Kind::Object
+            ? value->get(jsonlField)
+            : nullptr;
+    if (!field || field->kind != fastllm::rt::JsonValue::Kind::String) {
       dataError() << path << ":" << line.line_number() << ": no string field '"
                   << jsonlField << "'\n";
       return false;
     }
-    if (!document(*text))
+    if (!document(field->text))
       return false;
     releaseReadUpTo(line->end());
   }

@@ -39,7 +39,7 @@ def main():
     documents = []
     for path in a.inputs:
         if a.jsonl:
-            for line in open(path, encoding="utf-8"):
+            for line in open(path, encoding="utf-8-sig"):
                 if line.strip():
                     documents.append(json.loads(line)[a.jsonl].encode("utf-8"))
         else:
