@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tools/Compile.h"
+#include "tools/WholeNumberFlag.h"
 #include "tools/BuildConfig.h"
 
 #include "codegen/CppEmitter.h"
@@ -55,6 +56,7 @@
 
 using namespace mlir;
 using namespace llvm;
+using mlir::fastllm::Flag;
 
 static raw_ostream &compileError() {
   return WithColor::error(errs(), "fastllm-opt compile");
@@ -713,16 +715,16 @@ struct CompileFlags {
 
   cl::opt<std::string> input;
   cl::opt<std::string> outDir;
-  cl::opt<int64_t> batchSize;
-  cl::opt<int64_t> seqLen;
+  Flag<int64_t> batchSize;
+  Flag<int64_t> seqLen;
   mlir::fastllm::ImportFlags importFlags;
   cl::opt<std::string> target;
   cl::opt<std::string> targetCpu;
   cl::opt<bool> cudaEmulation;
 #define FASTLLM_TRAINING_OPTION(type, member, flag, initial, help)             \
-  cl::opt<type> member##Flag;
+  Flag<type> member##Flag;
 #include "passes/TrainingOptions.def"
-  cl::opt<int64_t> stagesPerPipelineStage;
+  Flag<int64_t> stagesPerPipelineStage;
   cl::opt<bool> report;
   cl::opt<bool> reportChart;
   cl::opt<std::string> emit;

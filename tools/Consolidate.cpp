@@ -18,6 +18,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/Checkpoint.h"
+#include "tools/WholeNumberFlag.h"
 #include "runtime/InputFile.h"
 #include "runtime/OutputFile.h"
 #include "runtime/Safetensors.h"
@@ -241,7 +242,7 @@ int mlir::fastllm::consolidateMain(int argc, char **argv) {
                "weights.safetensors in the current folder)"),
       cl::value_desc("file"), cl::init("weights.safetensors"),
       cl::cat(category));
-  cl::opt<int64_t> step("step",
+  Flag<int64_t> step("step",
                         cl::desc("The step to write (default: the newest "
                                  "complete, verified one)"),
                         cl::value_desc("N"), cl::init(-1), cl::cat(category));

@@ -35,6 +35,7 @@
 #include "runtime/Json.h"
 #include "runtime/OutputFile.h"
 #include "runtime/TokenFileFormat.h"
+#include "tools/WholeNumberFlag.h"
 
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/SmallString.h"
@@ -798,7 +799,7 @@ int dataMain(int argc, char **argv) {
   cl::opt<std::string> spModel(
       "sp-model", cl::desc("The SentencePiece model (.model) to encode with"),
       cl::value_desc("file"), cl::cat(category));
-  cl::opt<int64_t> spTrainVocab(
+  mlir::fastllm::Flag<int64_t> spTrainVocab(
       "sp-train-vocab-size",
       cl::desc("Train a SentencePiece model of N pieces (1 to 1048576) on "
                "the inputs' lines first, and encode with it"),
@@ -813,7 +814,7 @@ int dataMain(int argc, char **argv) {
       cl::desc("The trained model's algorithm: unigram or bpe (default: "
                "unigram)"),
       cl::value_desc("type"), cl::init("unigram"), cl::cat(category));
-  cl::opt<uint64_t> spTrainSentences(
+  mlir::fastllm::Flag<uint64_t> spTrainSentences(
       "sp-train-sentences",
       cl::desc("Train on at most N lines, a uniform sample when the inputs "
                "have more; lines are cut to 4192 bytes, so this bounds the "
