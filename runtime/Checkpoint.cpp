@@ -144,19 +144,7 @@ fastllm::rt::allDifferences(const Fingerprint &saved,
   // Values may hold any byte (parameter names do, NUL included): shown
   // escaped, so that a message is one line of text and is not cut short.
   auto shown = [](const std::string *text) {
-    if (!text)
-      return std::string("absent");
-    std::string out;
-    for (unsigned char c : *text) {
-      if (c >= 0x20 && c != 0x7f) {
-        out += char(c);
-      } else {
-        char hex[8];
-        std::snprintf(hex, sizeof(hex), "\\x%02x", c);
-        out += hex;
-      }
-    }
-    return out;
+    return text ? printable(*text) : std::string("absent");
   };
   auto describe = [&](const std::string &key, const std::string *was,
                       const std::string *now) {

@@ -149,17 +149,7 @@ public:
     bool atEnd = what.find("unexpected end of input") != std::string::npos;
     // The lexer quotes what it read, which may be any byte of a hostile
     // file: shown escaped, so that a message is plain text.
-    std::string shown;
-    for (unsigned char c : what) {
-      if (c >= 0x20 && c < 0x7f) {
-        shown += char(c);
-      } else {
-        char hex[8];
-        std::snprintf(hex, sizeof(hex), "\\x%02x", c);
-        shown += hex;
-      }
-    }
-    what = shown;
+    what = printable(what, /*asciiOnly=*/true);
     // (At the end, the lexer's count includes the end-of-input marker.)
     error = what + " at byte " +
             std::to_string(atEnd ? *read : position == 0 ? 0 : position - 1);

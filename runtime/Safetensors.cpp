@@ -60,7 +60,7 @@ std::optional<uint64_t> numElements(const std::vector<int64_t> &shape) {
 Expected<TensorEntry> parseEntry(const std::string &name, const JsonValue &v,
                                  uint64_t dataBytes) {
   auto bad = [&](const std::string &what) {
-    return Status::error("tensor '" + name + "' " + what);
+    return Status::error("tensor '" + printable(name) + "' " + what);
   };
   if (v.kind != JsonValue::Kind::Object)
     return bad("is not a JSON object");
@@ -72,7 +72,7 @@ Expected<TensorEntry> parseEntry(const std::string &name, const JsonValue &v,
   e.dtype = dtype->text;
   int elementSize = dtypeSize(e.dtype);
   if (!elementSize)
-    return bad("has unknown dtype \"" + e.dtype + "\"");
+    return bad("has unknown dtype \"" + printable(e.dtype) + "\"");
   const JsonValue *shape = v.get("shape");
   if (!shape || shape->kind != JsonValue::Kind::Array)
     return bad("has no \"shape\" array");
@@ -168,8 +168,8 @@ Expected<SafetensorsReader> SafetensorsReader::open(const std::string &path) {
     if (byStart[i]->begin < byStart[i - 1]->end)
       return errorf("'%s': tensors '%s' and '%s' overlap in the file (bytes "
                     "%llu..%llu and %llu..%llu of the data)",
-                    file, byStart[i - 1]->name.c_str(),
-                    byStart[i]->name.c_str(),
+                    file, printable(byStart[i - 1]->name).c_str(),
+                    printable(byStart[i]->name).c_str(),
                     (unsigned long long)byStart[i - 1]->begin,
                     (unsigned long long)byStart[i - 1]->end,
                     (unsigned long long)byStart[i]->begin,

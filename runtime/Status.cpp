@@ -18,3 +18,18 @@ Status fastllm::rt::errorf(const char *fmt, ...) {
   va_end(args);
   return Status::error(std::move(message));
 }
+
+std::string fastllm::rt::printable(std::string_view bytes, bool asciiOnly) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (unsigned char c : bytes) {
+    if (c >= 0x20 && c != 0x7f && !(asciiOnly && c >= 0x80)) {
+      out += char(c);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return out;
+}

@@ -12,6 +12,7 @@
 #include <cassert>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace fastllm::rt {
@@ -37,6 +38,14 @@ private:
 
 /// A failed Status whose message is formatted like printf.
 Status errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/// `bytes` as one line of text for a message: control bytes (NUL, newline,
+/// escape, ...) and DEL written as \xNN, everything else as it is. Names
+/// and values read from a user's file may hold any byte; through "%s" a
+/// NUL would cut the message short and a newline or an escape sequence
+/// would forge lines of output. With `asciiOnly`, bytes from 0x80 up too
+/// (text that may not be UTF-8).
+std::string printable(std::string_view bytes, bool asciiOnly = false);
 
 /// A value, or the Status saying why there is none.
 template <typename T> class [[nodiscard]] Expected {

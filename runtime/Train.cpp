@@ -654,7 +654,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                    "model has no parameter for (first: '%s'): not used; a "
                    "file of another model?\n",
                    opts.weightsPath.c_str(), unused.size(),
-                   unused.size() == 1 ? "" : "s", unused.front().c_str());
+                   unused.size() == 1 ? "" : "s",
+                   printable(unused.front()).c_str());
     zero.shardParams(full);
     std::vector<float>().swap(fullOutside);
     synchronizeDevice();

@@ -307,6 +307,11 @@ TEST(Safetensors, RejectsMalformedHeaders) {
        "tensor 'x' has 0 data bytes, which do not hold F32 of shape "
        "[4611686018427387904, 4]"},
       {R"({"__metadata__": [], "x": {}})", "__metadata__ is not a JSON object"},
+      // Names and dtypes are the file's bytes: shown escaped, one line,
+      // not cut at a NUL.
+      {R"({"a\u0000b\nc": {"dtype": "F\u001b[2J", "shape": [1],
+                 "data_offsets": [0, 4]}})",
+       "tensor 'a\\x00b\\x0ac' has unknown dtype \"F\\x1b[2J\""},
   };
   for (const Case &c : cases) {
     writeBytes(path, rawFile(c.header, 16));
