@@ -409,6 +409,22 @@ void GraphImporter::indexNames(const onnx::GraphProto &graph) {
   for (const onnx::NodeProto &node : graph.node())
     if (node.op_type() == "Identity" && node.output_size() == 1)
       addModule(node.output(0));
+  // Every proper prefix of a module path, from node scopes and named
+  // modules, is a container: `blocks.0` of `blocks.0.ln`.
+  auto addContainers = [&](StringRef path) {
+    for (size_t dot = path.find('.'); dot != StringRef::npos;
+         dot = path.find('.', dot + 1))
+      containerScopes.insert(path.take_front(dot));
+  };
+  for (const onnx::NodeProto &node : graph.node()) {
+    std::string path = modulePath(node.name());
+    addContainers(path);
+    if (!path.empty() && node.op_type() == "MatMul" && node.input_size() == 2 &&
+        StringRef(node.input(1)).starts_with("onnx::"))
+      scopeWeights[path].insert(node.input(1));
+  }
+  for (const auto &m : namedModules)
+    addContainers(m.getKey());
 }
 
 /// The module (scope path) whose MatMul nodes read exporter-named `value` as
@@ -434,13 +450,29 @@ std::string GraphImporter::matmulModule(StringRef value) const {
 
 /// `<module>.weight` for the module at scope `path` (its full path when
 /// exactly one module named in the file fits the scope), reserved; empty
-/// when that name is taken.
+/// when that name is taken or would be a guess. The name must be one the
+/// model has, never one that only looks like it: a scope that holds other
+/// modules (`blocks.0`, whose `ln` is a module) is a module calling
+/// `F.linear` or a submodule's `forward` itself, not a Linear; a scope whose
+/// MatMul nodes read several weights is no single Linear either; and a
+/// scope that several named modules fit (`layers.0.fc` of both
+/// `enc.layers.0.fc` and `dec.layers.0.fc`) cannot be told. Each keeps the
+/// exporter's name. (A scope that skipped a container the model calls
+/// through, an `nn.ModuleDict` indexed in a lambda, cannot be seen in the
+/// file: the export helper keeps every name.)
 std::string GraphImporter::claimWeightName(StringRef path) {
+  if (containerScopes.contains(path))
+    return {};
+  if (auto it = scopeWeights.find(path);
+      it != scopeWeights.end() && it->second.size() > 1)
+    return {};
   std::string full;
   int fits = 0;
   for (const auto &m : namedModules)
     if (scopeMatches(path, m.getKey()) && ++fits == 1)
       full = m.getKey().str();
+  if (fits > 1 && !namedModules.contains(path))
+    return {};
   std::string name = (fits == 1 ? full : path.str()) + ".weight";
   // Node names are the file's: they must make a name weights files can hold.
   if (takenNames.contains(name) || module.lookupSymbol(name) ||

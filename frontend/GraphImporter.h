@@ -197,6 +197,10 @@ private:
   // uses, and the modules it names in full.
   llvm::StringMap<SmallVector<std::pair<const onnx::NodeProto *, int>>> readers;
   llvm::StringSet<> takenNames, namedModules;
+  // Module paths with modules or named tensors below them, and the
+  // exporter-named weights each module path's MatMul nodes read.
+  llvm::StringSet<> containerScopes;
+  llvm::StringMap<llvm::StringSet<>> scopeWeights;
   // See mapExternalFile: each external-data file mapped once, by real path.
   llvm::StringMap<std::shared_ptr<MappedFile>> mappedFiles;
   // See setMappedRawData.

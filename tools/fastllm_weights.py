@@ -29,17 +29,21 @@ needed here.) What this loader does with `model` given:
   - buffers the file lacks (a causal mask) are taken from `model`: fastllm
     keeps buffers constant, so the model's own values are the trained ones;
   - every shape must be the model's;
-  - a tensor that still has a generated name (`onnx::...`: `compile` could
-    not tell its module; e.g. `wpe(arange(T))` folded into a constant
-    `onnx::Add_N`) is placed only with `initial=`, the compiled run's
-    weights.safetensors, and `model` holding the values it was exported
-    with: the one parameter whose value equals the tensor's initial value,
-    as stored or transposed (then transposed back), like the importer's
-    rule for folded copies; values all equal are never matched;
-  - any tensor still unplaced, or with a name the model lacks, and a
-    parameter of the model that the file lacks, are errors that name them:
-    such a weight cannot be placed without guessing (export with
-    tools/fastllm_export.py to keep every name).
+  - a tensor under a name the model lacks is placed only with `initial=`,
+    the compiled run's weights.safetensors, and `model` holding the values
+    it was exported with: the one parameter whose value equals the tensor's
+    initial value, as stored or transposed (then transposed back), like the
+    importer's rule for folded copies; values all equal are never matched.
+    Such names are generated ones (`onnx::...`: `compile` could not tell
+    the module; e.g. `wpe(arange(T))` folded into a constant `onnx::Add_N`)
+    or a module path read from the exporter's scopes that the model does
+    not have (a Linear inside an `nn.ModuleDict` called through a lambda is
+    scoped without the dict's name: `blocks.0.a.weight` for
+    `blocks.0.layers.a.weight`);
+  - any tensor still unplaced, and a parameter of the model that the file
+    lacks, are errors that name them, each unplaced tensor with the model's
+    closest names of the same size: such a weight cannot be placed without
+    guessing (export with tools/fastllm_export.py to keep every name).
 Without `model`, the file's tensors are returned under the file's names, with
 a warning listing generated names.
 
@@ -63,6 +67,7 @@ safetensors. Checked before any tensor's bytes are read or allocated:
     the file's size (read in chunks of 4 MiB).
 BOOL tensors must hold only bytes 0 and 1.
 """
+import difflib
 import os
 import struct
 import sys
@@ -254,16 +259,16 @@ def _ties(model):
     return {n: g for g in groups.values() for n in g}
 
 
-def _match_generated(tensors, initial_path, model, path):
-    """Renames tensors under generated names to the model's parameter whose
-    current value is exactly the tensor's value in `initial_path` (the
+def _match_by_value(tensors, initial_path, model):
+    """Renames tensors under names `model` lacks to the model's parameter
+    whose current value is exactly the tensor's value in `initial_path` (the
     compiled run's weights.safetensors), as stored or transposed (then the
     trained tensor is transposed back). `model` must hold the values it was
     exported with. A name with no such parameter, or several, stays."""
     initial, _ = read_safetensors(initial_path)
     own = model.state_dict()
     taken = set(tensors)
-    for name in [n for n in tensors if n.startswith("onnx::")]:
+    for name in [n for n in tensors if n not in own]:
         start = initial.get(name)
         if start is None or start.numel() < 2 or bool((start == start.flatten()[0]).all()):
             continue  # equal elements say nothing about identity
@@ -283,6 +288,26 @@ def _match_generated(tensors, initial_path, model, path):
             taken.add(pname)
 
 
+def _closest(name, t, own, placed, most=3):
+    """The model's names not yet placed that hold as many elements as `t`,
+    the likeliest first: those whose parts hold `name`'s parts in order (an
+    exporter's scope skips a container: `blocks.0.a.weight` is
+    `blocks.0.layers.a.weight`), then the most alike as text."""
+    pool = [n for n, v in own.items()
+            if n not in placed and v.numel() == t.numel()]
+    parts = name.split(".")
+
+    def holds(candidate):
+        it = iter(candidate.split("."))
+        return (candidate.split(".")[-1] == parts[-1]
+                and all(p in it for p in parts))
+
+    first = sorted((n for n in pool if holds(n)), key=len)
+    rest = difflib.get_close_matches(name, [n for n in pool if n not in first],
+                                     n=most, cutoff=0.4)
+    return (first + rest)[:most] or sorted(pool)[:most]
+
+
 def load_state_dict(path, model=None, initial=None):
     """The tensors of fastllm-opt weights file `path` as a state_dict.
 
@@ -296,7 +321,7 @@ def load_state_dict(path, model=None, initial=None):
     initial values, as the importer ties folded copies."""
     tensors, _ = read_safetensors(path)
     if model is not None and initial is not None:
-        _match_generated(tensors, initial, model, path)
+        _match_by_value(tensors, initial, model)
     generated = sorted(n for n in tensors if n.startswith("onnx::"))
     if model is None:
         if generated:
@@ -311,15 +336,24 @@ def load_state_dict(path, model=None, initial=None):
                   if isinstance(t, torch.nn.Parameter)}
     unknown = [n for n in tensors if n not in own]
     if unknown:
+        placed = {a for n in tensors if n in own for a in ties[n]}
+        shown = []
+        for n in unknown[:20]:
+            close = _closest(n, tensors[n], own, placed)
+            shown.append(n + (f" (closest: {', '.join(close)})" if close
+                              else " (no name of the model holds as many "
+                                   "elements)"))
         raise WeightsError(
             f"{path}: tensor(s) the model has no name for: "
-            f"{_listed(unknown)}"
-            + (" (generated names: constant folding removed their PyTorch "
-               "names and `compile` could not tell their module; pass "
-               "initial=RUN/weights.safetensors with the model as exported to "
-               "place them by value, or export with tools/fastllm_export.py "
-               "to keep every name)"
-               if generated else ""))
+            f"{_listed(shown)}"
+            + (f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")
+            + ("; pass initial=RUN/weights.safetensors (the compiled run's "
+               "initial weights) with the model as exported to place them "
+               "by value" if initial is None else
+               "; not placed by value either: `initial` has no tensor of "
+               "that name, or not one parameter of `model` (as exported) "
+               "equals it")
+            + ", or export with tools/fastllm_export.py to keep every name")
     out = {}
     for name, t in tensors.items():
         if tuple(t.shape) != tuple(own[name].shape):
