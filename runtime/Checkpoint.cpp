@@ -152,9 +152,11 @@ fastllm::rt::allDifferences(const Fingerprint &saved,
            shown(now) + " now";
   };
   std::vector<std::string> diffs;
+  // A saved value is what jsonQuote wrote: bytes that are not UTF-8 (a
+  // --decay pattern may hold any) as the text \xNN.
   for (const auto &[key, now] : current) {
     const std::string *was = find(saved, key);
-    if (!was || *was != now)
+    if (!was || *was != utf8Text(now))
       diffs.push_back(describe(key, was, &now));
   }
   for (const auto &[key, was] : saved)
@@ -285,6 +287,10 @@ std::string fastllm::rt::manifestJson(const Manifest &m) {
   if (!m.initialWeights.empty())
     s += ",\n  \"initial_weights\": {\"path\": " +
          jsonQuote(m.initialWeights) +
+         // A path that is not UTF-8 is kept exactly too.
+         (utf8Text(m.initialWeights) == m.initialWeights
+              ? std::string()
+              : ", \"path_hex\": \"" + hexBytes(m.initialWeights) + "\"") +
          ", \"bytes\": " + std::to_string(m.initialWeightsBytes) +
          ", \"mtime_ns\": " + std::to_string(m.initialWeightsMtimeNs) +
          (m.initialWeightsCrc.empty()
@@ -379,6 +385,15 @@ Expected<Manifest> fastllm::rt::parseManifest(std::string_view json) {
       m.initialWeightsCrc = crc->text;
     }
     m.initialWeights = path->text;
+    if (const JsonValue *hex = w->get("path_hex")) {
+      std::optional<std::string> exact =
+          hex->kind == JsonValue::Kind::String ? fromHexBytes(hex->text)
+                                               : std::nullopt;
+      if (!exact || exact->empty() || exact->find('\0') != std::string::npos)
+        return errorf("'initial_weights.path_hex' must be the path's bytes "
+                      "as hex digits");
+      m.initialWeights = *exact;
+    }
     m.initialWeightsBytes = *bytes;
     m.initialWeightsMtimeNs = *mtime;
   }

@@ -236,8 +236,83 @@ Expected<JsonValue> fastllm::rt::parseJson(std::string_view text) {
   return std::move(builder.root);
 }
 
-std::string fastllm::rt::jsonQuote(std::string_view s) {
+namespace {
+/// The length of the valid UTF-8 character at the start of `s` (RFC 3629:
+/// no overlong forms, no surrogates, at most U+10FFFF), or 0.
+size_t utf8CharLength(std::string_view s) {
+  auto byte = [&](size_t i) { return i < s.size() ? uint8_t(s[i]) : 0; };
+  auto tail = [&](size_t i, uint8_t lo = 0x80, uint8_t hi = 0xbf) {
+    return byte(i) >= lo && byte(i) <= hi;
+  };
+  uint8_t c = byte(0);
+  if (c < 0x80)
+    return s.empty() ? 0 : 1;
+  if (c >= 0xc2 && c <= 0xdf)
+    return tail(1) ? 2 : 0;
+  if (c >= 0xe0 && c <= 0xef) {
+    bool second = c == 0xe0   ? tail(1, 0xa0)
+                  : c == 0xed ? tail(1, 0x80, 0x9f)
+                              : tail(1);
+    return second && tail(2) ? 3 : 0;
+  }
+  if (c >= 0xf0 && c <= 0xf4) {
+    bool second = c == 0xf0   ? tail(1, 0x90)
+                  : c == 0xf4 ? tail(1, 0x80, 0x8f)
+                              : tail(1);
+    return second && tail(2) && tail(3) ? 4 : 0;
+  }
+  return 0;
+}
+} // namespace
+
+std::string fastllm::rt::utf8Text(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    if (size_t n = utf8CharLength(s.substr(i))) {
+      out.append(s.substr(i, n));
+      i += n;
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", uint8_t(s[i]));
+      out += hex;
+      ++i;
+    }
+  }
+  return out;
+}
+
+std::string fastllm::rt::hexBytes(std::string_view s) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * s.size());
+  for (unsigned char c : s) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+std::optional<std::string> fastllm::rt::fromHexBytes(std::string_view hex) {
+  auto value = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                                                 : -1;
+  };
+  if (hex.size() % 2)
+    return std::nullopt;
+  std::string out;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    int hi = value(hex[i]), lo = value(hex[i + 1]);
+    if (hi < 0 || lo < 0)
+      return std::nullopt;
+    out += char(hi * 16 + lo);
+  }
+  return out;
+}
+
+std::string fastllm::rt::jsonQuote(std::string_view raw) {
   static const char hex[] = "0123456789abcdef";
+  const std::string s = utf8Text(raw);
   std::string out = "\"";
   for (char c : s) {
     unsigned char u = c;

@@ -49,8 +49,20 @@ struct JsonValue {
 /// text's length.
 Expected<JsonValue> parseJson(std::string_view text);
 
-/// `s` as a JSON string literal, quotes included.
+/// `s` as a JSON string literal, quotes included: always JSON a reader
+/// takes, whatever the bytes (utf8Text first).
 std::string jsonQuote(std::string_view s);
+
+/// `s` when it is valid UTF-8; otherwise each byte that is not part of a
+/// valid UTF-8 character written as the text \xNN (a path or a flag may
+/// hold any byte; JSON strings hold UTF-8 only). Not reversible: where the
+/// exact bytes matter, keep them another way (hexBytes).
+std::string utf8Text(std::string_view s);
+
+/// `s`'s bytes as lower-case hex digits, and back (nullopt for text that
+/// is not an even number of hex digits).
+std::string hexBytes(std::string_view s);
+std::optional<std::string> fromHexBytes(std::string_view hex);
 
 } // namespace fastllm::rt
 

@@ -11,6 +11,7 @@
 #include "TestUtil.h"
 
 #include "runtime/Checkpoint.h"
+#include "runtime/Json.h"
 
 #include <gtest/gtest.h>
 
@@ -98,6 +99,30 @@ TEST(Manifest, RoundTrips) {
   EXPECT_EQ(back->shards[0].crc32c, 0xe3069283u);
   EXPECT_EQ(back->shards[1].crc32c, 0xfu);
   EXPECT_EQ(back->loss, "3.14159274");
+}
+
+TEST(Manifest, AnyBytesInPathsAndOptionsReadBack) {
+  // A path or a flag may hold bytes that are not UTF-8 (a folder named in
+  // Latin-1): the manifest stays JSON its reader takes, the initial
+  // weights' path comes back exactly, and a fingerprint compares equal to
+  // the one it was written from.
+  Manifest m = sampleManifest();
+  m.initialWeights = "/data/run\xe9/weights.safetensors";
+  m.initialWeightsBytes = 10;
+  m.initialWeightsMtimeNs = 20;
+  m.run = {{"decay", "\xff\xfe(w|b)"}, {"seed", "7"}};
+  Expected<Manifest> back = parseManifest(manifestJson(m));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->initialWeights, m.initialWeights);
+  EXPECT_EQ(firstDifference(back->run, m.run), std::nullopt);
+  Fingerprint other = m.run;
+  other[0].second = "\xff(w|b)";
+  EXPECT_NE(firstDifference(back->run, other), std::nullopt);
+  EXPECT_EQ(utf8Text("caf\xc3\xa9 \xe9\xed\xa0\x80 \xf4\x90\x80\x80"),
+            "caf\xc3\xa9 \\xe9\\xed\\xa0\\x80 \\xf4\\x90\\x80\\x80");
+  EXPECT_EQ(fromHexBytes(hexBytes(m.initialWeights)), m.initialWeights);
+  EXPECT_EQ(fromHexBytes("abc"), std::nullopt);
+  EXPECT_EQ(fromHexBytes("zz"), std::nullopt);
 }
 
 TEST(Manifest, RejectsMalformedOnes) {
