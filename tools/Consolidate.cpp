@@ -307,10 +307,13 @@ int mlir::fastllm::consolidateMain(int argc, char **argv) {
   if (!chosen)
     return fail(chosen.status().message());
   // -o may not be one of the files read (--overwrite or not): the step's
-  // manifest and shards, and --weights.
+  // manifest and shards, and --weights; nor the weights the run started
+  // from, which its frozen parameters and any resume read again.
   std::vector<NamedPath> files = {
       {"the manifest", chosen->folder + "/manifest.json"},
       {"--weights", initial},
+      {"the weights the run started from (its manifest records them)",
+       chosen->manifest.initialWeights},
       {"-o", out, true}};
   for (int64_t r = 0; r < chosen->layout.dp; ++r)
     files.push_back({"the shard", chosen->folder + "/" + shardFileName(int(r))});
