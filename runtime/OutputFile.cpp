@@ -74,6 +74,16 @@ void fastllm::rt::syncFolder(const std::string &folder) {
   }
 }
 
+namespace {
+fastllm::rt::TemporaryHook temporaryHook = nullptr;
+void tellHook(const std::string &tmp, bool created) {
+  if (temporaryHook && !tmp.empty())
+    temporaryHook(tmp, created);
+}
+} // namespace
+
+void fastllm::rt::setTemporaryHook(TemporaryHook hook) { temporaryHook = hook; }
+
 OutputFile::OutputFile(std::string path, bool durable, bool replace)
     : target(std::move(path)), durable(durable), replace(replace) {}
 
@@ -82,6 +92,7 @@ OutputFile::~OutputFile() {
     ::close(fd);
   if (!tmp.empty() && !keepTemporary)
     ::unlink(tmp.c_str());
+  tellHook(tmp, false);
 }
 
 bool OutputFile::fail(const std::string &what, int err) {
@@ -101,6 +112,7 @@ bool OutputFile::open() {
     tmp.clear();
     return fail("cannot create a temporary file beside '" + target + "'", err);
   }
+  tellHook(tmp, true);
   // mkstemp creates 0600; the result should look like any file we create.
   mode_t mask = ::umask(0);
   ::umask(mask);
@@ -168,6 +180,7 @@ bool OutputFile::commit() {
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(),
                     RENAME_NOREPLACE) == 0) {
       syncFolder(folderOf(target));
+      tellHook(tmp, false);
       tmp.clear();
       return true;
     }
@@ -185,6 +198,7 @@ bool OutputFile::commit() {
   }
   if (std::string why = renameInto(tmp, target); !why.empty())
     return fail(why, 0);
+  tellHook(tmp, false);
   tmp.clear(); // renamed: nothing left to remove
   return true;
 }

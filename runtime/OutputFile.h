@@ -46,6 +46,15 @@ void reserveStandardStreams();
 /// Cleanup code recognises orphans (left by a killed process) by it.
 constexpr const char *kTemporarySuffix = ".tmp-";
 
+/// Told of each temporary OutputFile creates (`created` true) and of its
+/// end (renamed into place or removed: false), so that a tool a user may
+/// interrupt can register it for removal on a signal (LLVM's
+/// RemoveFileOnSignal): a killed `fastllm-opt data` leaves no
+/// `x.tok.tmp-XXXXXX`. None by default; set once, before any file is
+/// written.
+using TemporaryHook = void (*)(const std::string &path, bool created);
+void setTemporaryHook(TemporaryHook hook);
+
 class OutputFile {
 public:
   /// `durable`: sync the file before it is renamed over the target (see

@@ -47,6 +47,7 @@
 #include "llvm/Support/LineIterator.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/Signals.h"
 #include "llvm/Support/WithColor.h"
 
 #include <sentencepiece_processor.h>
@@ -56,6 +57,7 @@
 #include <cstdint>
 #include <unistd.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <cstring>
 #include <csignal>
@@ -536,15 +538,18 @@ public:
     narrow.assign(ids.begin(), ids.end());
     return file.write(narrow.data(), narrow.size() * sizeof(uint16_t));
   }
-  bool commit() {
+  /// Complete and synced, not yet in place (see commitTogether).
+  bool finish() {
     if (written != expected) {
       dataError() << "'" << file.path() << "': the inputs changed while being "
                   << "read (" << written << " tokens, " << expected
                   << " counted)\n";
       return false;
     }
-    return file.commit();
+    return file.finishWithoutRename();
   }
+  const std::string &temporary() const { return file.temporaryPath(); }
+  const std::string &path() const { return file.path(); }
   const std::string &error() const { return file.error(); }
   uint64_t tokens() const { return expected; }
 
@@ -652,12 +657,29 @@ int writeTokenFiles(Encoder &encoder, ArrayRef<std::string> inputs,
             return encoder.encode(text, sink);
           })))
       break;
-  if (!ok || !train.commit() || (val && !val->commit())) {
+  if (!ok || !train.finish() || (val && !val->finish())) {
     std::string why = !train.error().empty() ? train.error()
                       : val                  ? val->error()
                                              : "";
     if (!why.empty())
       dataError() << why << "\n";
+    ::unlink(train.temporary().c_str());
+    if (val)
+      ::unlink(val->temporary().c_str());
+    return 1;
+  }
+  // Both complete before either is put in place: a run interrupted while
+  // the files are synced leaves neither (not a training file without its
+  // validation file).
+  std::string why;
+  for (TokenWriter *w : {&train, val ? &*val : nullptr})
+    if (w && why.empty())
+      why = fastllm::rt::renameInto(w->temporary(), w->path());
+  if (!why.empty()) {
+    dataError() << why << "\n";
+    ::unlink(train.temporary().c_str());
+    if (val)
+      ::unlink(val->temporary().c_str());
     return 1;
   }
   outs() << "wrote '" << output << "': " << train.tokens() << " tokens ("
@@ -712,13 +734,11 @@ std::string checkSentencePieceFlags(bool sentencePiece, SentencePieceFlags &sp,
 
 } // namespace
 
-/// `fastllm-opt data`'s flags, checks and work; the exit code.
-static 
 /// Loads the SentencePiece model and counts the ids of `inputs` in a child
 /// process. The count; nothing when the child failed and said why (an
 /// unreadable model, say); or an outer nothing when it crashed, which is
 /// reported here.
-std::optional<std::optional<uint64_t>>
+static std::optional<std::optional<uint64_t>>
 countBehindWall(bool sentencePiece, const SentencePieceFlags &sp,
                 ArrayRef<std::string> inputs, StringRef jsonlField,
                 bool endOfDocument) {
@@ -729,6 +749,7 @@ countBehindWall(bool sentencePiece, const SentencePieceFlags &sp,
   }
   errs().flush();
   outs().flush();
+  const pid_t parent = ::getpid();
   pid_t child = ::fork();
   if (child < 0) {
     dataError() << "cannot start a process: " << std::strerror(errno) << "\n";
@@ -736,6 +757,10 @@ countBehindWall(bool sentencePiece, const SentencePieceFlags &sp,
   }
   if (child == 0) {
     ::close(fds[0]);
+    // Ends with its parent (killed, the parent waits for nothing).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent)
+      ::_exit(1);
     // A crash is the parent's to report: no stack dump from here.
     for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP})
       ::signal(sig, SIG_DFL);
@@ -767,7 +792,9 @@ countBehindWall(bool sentencePiece, const SentencePieceFlags &sp,
     return std::optional<uint64_t>(); // the child said why
   return std::optional<uint64_t>(total);
 }
-int dataMain(int argc, char **argv) {
+
+/// `fastllm-opt data`'s flags, checks and work; the exit code.
+static int dataMain(int argc, char **argv) {
   cl::OptionCategory category("fastllm-opt data options");
   cl::list<std::string> inputs(cl::Positional, cl::OneOrMore,
                                cl::desc("<text files | JSONL files>"),
@@ -927,5 +954,12 @@ int main(int argc, char **argv) {
   // (A closed stdout would be taken by the next file opened, the output.)
   fastllm::rt::reserveStandardStreams();
   InitLLVM y(argc, argv);
+  // Interrupted (Ctrl-C, SIGTERM, SIGHUP), the outputs' temporaries go.
+  fastllm::rt::setTemporaryHook([](const std::string &path, bool created) {
+    if (created)
+      sys::RemoveFileOnSignal(path);
+    else
+      sys::DontRemoveFileOnSignal(path);
+  });
   return dataMain(argc, argv);
 }

@@ -1,7 +1,7 @@
 //===- DataLauncher.cpp - `fastllm-opt data` runs fastllm-data -----------===//
 //
 // `fastllm-opt data` is the fastllm-data executable beside fastllm-opt
-// (tools/Data.cpp), run with the same arguments: SentencePiece's library
+// (tools/Data.cpp), exec'd with the same arguments: SentencePiece's library
 // carries its own protobuf, which aborts at load in a process that also holds
 // the system protobuf the ONNX importer uses, so the tokenizer lives in a
 // process of its own.
@@ -14,11 +14,13 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
-#include "llvm/Support/Program.h"
 #include "llvm/Support/WithColor.h"
 
+#include <cerrno>
+#include <cstring>
 #include <string>
-#include <vector>
+
+#include <unistd.h>
 
 using namespace llvm;
 
@@ -35,17 +37,13 @@ int mlir::fastllm::dataMain(int argc, char **argv) {
            "installed beside fastllm-opt\n";
     return 1;
   }
-  std::vector<StringRef> args(argv, argv + argc);
-  std::string error;
-  bool failed = false;
-  int rc = sys::ExecuteAndWait(tool, args, /*Env=*/std::nullopt,
-                               /*Redirects=*/{}, /*SecondsToWait=*/0,
-                               /*MemoryLimit=*/0, &error, &failed);
-  if (failed || rc < 0) {
-    WithColor::error(errs(), "fastllm-opt data")
-        << "'" << tool << "' did not finish"
-        << (error.empty() ? "" : ": " + error) << "\n";
-    return 1;
-  }
-  return rc;
+  // The tool takes this process's place (exec, not a child): a signal
+  // sent to the pid a user or a script holds reaches the process doing the
+  // work, which removes its temporaries and writes nothing after it.
+  errs().flush();
+  outs().flush();
+  ::execv(tool.c_str(), argv);
+  WithColor::error(errs(), "fastllm-opt data")
+      << "cannot run '" << tool << "': " << std::strerror(errno) << "\n";
+  return 1;
 }
