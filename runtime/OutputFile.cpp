@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <climits>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,6 +15,29 @@
 using namespace fastllm::rt;
 
 std::string fastllm::rt::checkReplaceable(const std::string &path) {
+  // The temporary's name is the target's and a suffix: a name that fits
+  // but leaves no room for the suffix would fail only at the end of the
+  // work (a run's weights after its last step).
+  const size_t suffix = std::strlen(kTemporarySuffix) + 6;
+  size_t slash = path.find_last_of('/');
+  std::string folder = slash == std::string::npos ? "."
+                       : slash == 0               ? "/"
+                                                  : path.substr(0, slash);
+  size_t name = path.size() - (slash == std::string::npos ? 0 : slash + 1);
+  long nameMax = ::pathconf(folder.c_str(), _PC_NAME_MAX);
+  if (nameMax <= 0)
+    nameMax = NAME_MAX;
+  if (name + suffix > size_t(nameMax))
+    return "'" + path.substr(slash == std::string::npos ? 0 : slash + 1, 40) +
+           "...' is a name of " + std::to_string(name) +
+           " bytes; files are written under the name and a suffix of " +
+           std::to_string(suffix) + " bytes first, which must fit the " +
+           "folder's limit of " + std::to_string(nameMax) +
+           ": choose a shorter name";
+  if (path.size() + suffix >= PATH_MAX)
+    return "the path '" + path.substr(0, 40) + "...' is " +
+           std::to_string(path.size()) + " bytes; with the temporary's " +
+           "suffix it must stay under " + std::to_string(PATH_MAX);
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT)

@@ -80,6 +80,10 @@ void TraceSpan::end() {
 Status fastllm::rt::checkTracePath(const std::string &path, bool overwrite) {
   if (path.empty())
     return Status();
+  // What the path is first: a folder, a FIFO or a device is never
+  // replaced, --overwrite or not.
+  if (std::string why = checkReplaceable(path); !why.empty())
+    return errorf("--trace: %s", why.c_str());
   struct stat st;
   if (!overwrite && lstat(path.c_str(), &st) == 0)
     return errorf("--trace '%s' exists; pass --overwrite to replace it",

@@ -1032,7 +1032,10 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
         // file in the current folder, named in the error, before giving up.
         std::string base = opts.saveWeightsPath.substr(
             opts.saveWeightsPath.find_last_of('/') + 1);
-        std::string rescue = base + ".rescued-" + std::to_string(getpid());
+        // (A name the folder's limit leaves room for: the base may be the
+        // reason the first write failed.)
+        std::string rescue =
+            base.substr(0, 160) + ".rescued-" + std::to_string(getpid());
         // (Not when the write itself kept them: an output appeared there.)
         bool kept = s.message().find("what was written is kept in") !=
                     std::string::npos;
