@@ -360,6 +360,10 @@ Expected<Manifest> fastllm::rt::parseManifest(std::string_view json) {
     Expected<int64_t> tokens = member(v, "tokens");
     if (!tokens)
       return tokens.status();
+    // (train bounds a run to 2^62 tokens, so that counts never overflow.)
+    if (*tokens > (INT64_C(1) << 62))
+      return errorf("'tokens' %lld is more than a run counts (2^62)",
+                    (long long)*tokens);
     m.tokens = *tokens;
   }
   if (const JsonValue *loss = v.get("loss")) {

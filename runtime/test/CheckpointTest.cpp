@@ -77,6 +77,7 @@ Manifest sampleManifest() {
   m.run = {{"seed", "7"}};
   m.shards = {{1234, 0xe3069283u}, {99, 0x0000000fu}};
   m.loss = "3.14159274";
+  m.tokens = 4096;
   return m;
 }
 
@@ -150,6 +151,8 @@ TEST(Manifest, RejectsMalformedOnes) {
             std::string::npos);
   EXPECT_EQ(broken("\"seed\": \"7\"", "\"seed\": 7"),
             "'run.seed' is not a string");
+  EXPECT_EQ(broken("\"tokens\": 4096", "\"tokens\": 9223372036854775807"),
+            "'tokens' 9223372036854775807 is more than a run counts (2^62)");
   EXPECT_EQ(broken("\"3.14159274\"", "3.14159274"),
             "'loss' must be a number as a string (\"2.5\")");
   EXPECT_EQ(broken("\"3.14159274\"", "\"3.1; rm\""),
