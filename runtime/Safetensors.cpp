@@ -9,6 +9,7 @@
 #include "runtime/OutputFile.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -316,6 +317,18 @@ Status fastllm::rt::loadParams(const std::string &path, const PlanInfo &plan,
     if (Status s = reader->readF32(paramName(p), shape, into + p.offset);
         !s.ok())
       return s;
+    // A NaN trains into every weight it touches; an infinity in a trained
+    // parameter too. (A frozen tensor may hold -inf: a mask.)
+    const float *values = into + p.offset;
+    for (int64_t k = 0; k < p.numel; ++k)
+      if (std::isnan(values[k]) || (p.trainable && std::isinf(values[k])))
+        return errorf("'%s': tensor '%s' holds %s at element %lld: %s",
+                      path.c_str(), printable(paramName(p)).c_str(),
+                      std::isnan(values[k]) ? "NaN" : "an infinity",
+                      (long long)k,
+                      std::isnan(values[k])
+                          ? "the weights are damaged"
+                          : "a trained parameter must be finite");
   }
   return Status();
 }

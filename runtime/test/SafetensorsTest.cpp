@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -400,6 +401,30 @@ TEST(Safetensors, LoadParamsNeedsEveryPlanParameter) {
   EXPECT_EQ(r->tensors().size(), 2u);
   EXPECT_EQ(loadParams(trainable, plan, back.data()).message(),
             "'" + trainable + "' has no tensor 'code'");
+
+  // NaN anywhere, or an infinity in a trained parameter, is damage; a
+  // frozen tensor may hold -inf (a mask).
+  for (int32_t p = 0; p < plan.numParams; ++p) {
+    const fastllm::rt::ParamInfo &info = plan.params[p];
+    for (float bad : {std::nanf(""), -INFINITY}) {
+      std::vector<float> damaged = flat;
+      damaged[info.offset + info.numel - 1] = bad;
+      std::string path = dir.file("damaged.safetensors");
+      ASSERT_TRUE(saveParams(path, plan, damaged.data(), false).ok());
+      std::string message = loadParams(path, plan, back.data()).message();
+      if (std::isinf(bad) && !info.trainable) {
+        EXPECT_EQ(message, "") << paramName(info);
+        continue;
+      }
+      EXPECT_EQ(message, "'" + path + "': tensor '" + paramName(info) +
+                             "' holds " + (std::isnan(bad) ? "NaN" : "an infinity") +
+                             " at element " + std::to_string(info.numel - 1) +
+                             ": " +
+                             (std::isnan(bad) ? "the weights are damaged"
+                                              : "a trained parameter must be "
+                                                "finite"));
+    }
+  }
 }
 
 } // namespace
