@@ -223,6 +223,11 @@ private:
 } // namespace
 
 Expected<JsonValue> fastllm::rt::parseJson(std::string_view text) {
+  // nlohmann's lexer takes a NUL byte for the end of the input: text after
+  // one would be passed over unread ("{...}\0anything" parsed). No JSON
+  // holds a raw NUL (in a string it is written \u0000).
+  if (size_t nul = text.find('\0'); nul != std::string_view::npos)
+    return errorf("a NUL byte at byte %zu", nul);
   size_t read = 0;
   const char *begin = text.data(), *end = begin + text.size();
   TreeBuilder builder(&read);

@@ -145,8 +145,12 @@ Expected<SafetensorsReader> SafetensorsReader::open(const std::string &path) {
   r.dataStart = 8 + headerBytes;
   for (const auto &[name, value] : json->object) {
     if (name == "__metadata__") {
-      if (value.kind != JsonValue::Kind::Object)
-        return errorf("'%s': __metadata__ is not a JSON object", file);
+      bool strings = value.kind == JsonValue::Kind::Object;
+      for (const auto &member : value.object)
+        strings = strings && member.second.kind == JsonValue::Kind::String;
+      if (!strings)
+        return errorf("'%s': __metadata__ is not a JSON object of strings",
+                      file);
       continue;
     }
     Expected<TensorEntry> entry =

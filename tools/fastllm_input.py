@@ -263,14 +263,15 @@ def too_deep(data, max_depth=MAX_JSON_DEPTH, structure=None):
 
 
 def loads(data, max_depth=MAX_JSON_DEPTH, object_pairs_hook=None,
-          max_containers=None, max_values=None):
+          max_containers=None, max_values=None, parse_int=None):
     """The JSON value of `data` (UTF-8 bytes, or str), nested at most
     `max_depth` levels, with at most `max_containers` arrays and objects and
     `max_values` values in them (None: no bound; the bounds keep Python's
     memory in proportion, as an empty list costs it 64 bytes for 3 of text).
     Raises JsonError for text that is not UTF-8, not JSON, beyond a bound,
     or holding an integer Python will not convert; an InputError from
-    `object_pairs_hook` passes through."""
+    `object_pairs_hook` or `parse_int` (json.loads's hooks) passes
+    through."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) \
         else data
     structure = None
@@ -293,7 +294,8 @@ def loads(data, max_depth=MAX_JSON_DEPTH, object_pairs_hook=None,
     except UnicodeDecodeError as e:
         raise JsonError(f"not UTF-8 text (byte {e.start})") from None
     try:
-        return json.loads(text, object_pairs_hook=object_pairs_hook)
+        return json.loads(text, object_pairs_hook=object_pairs_hook,
+                          parse_int=parse_int)
     except InputError:
         raise
     except json.JSONDecodeError as e:

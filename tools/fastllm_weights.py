@@ -115,8 +115,24 @@ def _no_duplicates(pairs):
     for key, value in pairs:
         if key in out:
             raise fastllm_input.JsonError(f"duplicate key {_shown(key)}")
+        for text in [key] + ([value] if isinstance(value, str) else []):
+            try:  # JSON's \ud800 alone is no character: no UTF-8 holds it
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise fastllm_input.JsonError(
+                    f"a lone UTF-16 surrogate in {_shown(text)}") from None
         out[key] = value
     return out
+
+
+def _header_int(literal):
+    """A header's integers are sizes and offsets, never negative: "-0" is
+    refused too (as runtime/Safetensors.cpp reads it), where int() would
+    make it 0. Other negatives are refused naming their tensor."""
+    value = int(literal)
+    if value == 0 and literal.startswith("-"):
+        raise fastllm_input.JsonError("a negative zero (-0)")
+    return value
 
 
 def _entry(path, name, e, data_bytes):
@@ -191,6 +207,7 @@ def _read_safetensors(path, f):
     try:
         header = fastllm_input.loads(f.read(8, header_bytes),
                                      object_pairs_hook=_no_duplicates,
+                                     parse_int=_header_int,
                                      max_containers=4 * _MAX_TENSORS,
                                      max_values=16 * _MAX_TENSORS)
     except fastllm_input.JsonError as e:

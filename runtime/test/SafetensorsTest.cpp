@@ -69,6 +69,11 @@ TEST(Json, RejectsMalformedText) {
         "\"abc", "\"\\x\"", "\"\\ud800\"", "\"a\nb\"", "01", "-", "1.", "1e",
         "tru", "{} x", "{\"a\":1,\"a\":2}", "{1:2}"})
     EXPECT_FALSE(parseJson(bad).ok()) << bad;
+  // The lexer would stop at a NUL as at the end: what follows is refused.
+  EXPECT_EQ(parseJson(std::string("{}\0{\"x", 5)).status().message(),
+            "a NUL byte at byte 2");
+  EXPECT_EQ(parseJson(std::string("{\"a\0\":1}", 9)).status().message(),
+            "a NUL byte at byte 3");
   Expected<JsonValue> deep = parseJson(std::string(100000, '['));
   ASSERT_FALSE(deep.ok());
   EXPECT_EQ(deep.status().message(), "JSON nested too deeply at byte 65");
@@ -307,7 +312,10 @@ TEST(Safetensors, RejectsMalformedHeaders) {
                  "data_offsets": [0, 0]}})",
        "tensor 'x' has 0 data bytes, which do not hold F32 of shape "
        "[4611686018427387904, 4]"},
-      {R"({"__metadata__": [], "x": {}})", "__metadata__ is not a JSON object"},
+      {R"({"__metadata__": [], "x": {}})",
+       "__metadata__ is not a JSON object of strings"},
+      {R"({"__metadata__": {"a": 1}})",
+       "__metadata__ is not a JSON object of strings"},
       // Names and dtypes are the file's bytes: shown escaped, one line,
       // not cut at a NUL.
       {R"({"a\u0000b\nc": {"dtype": "F\u001b[2J", "shape": [1],

@@ -729,6 +729,14 @@ def main():
                 "@: __metadata__ is not a JSON object of strings")
         weights("duplicate keys", b'{"x": 1, "x": 2}',
                 "@: malformed safetensors header: duplicate key 'x'")
+        # As train reads them (runtime/Safetensors.cpp): a name no UTF-8
+        # holds, and an offset of -0, which int() would make 0.
+        weights("a lone surrogate in a name", b'{"\\ud800x": 1}',
+                "@: malformed safetensors header: a lone UTF-16 surrogate in "
+                "'\\ud800x'")
+        weights("an offset of -0",
+                b'{"x": {"dtype": "F32", "shape": [0], "data_offsets": [-0, 0]}}',
+                "@: malformed safetensors header: a negative zero (-0)")
         weights("not UTF-8", b'{"\xff": 1}',
                 "@: malformed safetensors header: not UTF-8 text (byte 2)")
         weights("an integer of 5,000 digits",
