@@ -222,9 +222,23 @@ MetricsFile::~MetricsFile() {
 }
 
 Status MetricsFile::append(const StepRecord &r) {
+  // A line goes in whole or not at all: a write cut short (a full disk) is
+  // taken back, so the file stays lines a reader and --resume take.
   std::string line = metricsJson(r) + "\n";
-  if (std::fputs(line.c_str(), file) < 0 || std::fflush(file) != 0)
-    return errorf("cannot write metrics file '%s': %s", path.c_str(),
-                  std::strerror(errno));
+  int fd = fileno(file);
+  off_t before = ::lseek(fd, 0, SEEK_END);
+  for (size_t done = 0; done < line.size();) {
+    ssize_t n = ::write(fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : ENOSPC;
+      if (before >= 0)
+        (void)::ftruncate(fd, before);
+      return errorf("cannot write metrics file '%s': %s", path.c_str(),
+                    std::strerror(err));
+    }
+    done += size_t(n);
+  }
   return Status();
 }

@@ -792,9 +792,14 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     if (leader && opts.keepLast) {
       Expected<std::vector<int64_t>> removed =
           pruneCheckpoints(opts.checkpointDir, opts.keepLast);
+      // Removing old checkpoints is housekeeping: one that cannot be
+      // removed (another user's files) stays, and the run goes on.
       if (!removed)
-        return Status::error("--keep-last: " + removed.status().message());
-      if (log && !removed->empty()) {
+        std::fprintf(stderr,
+                     "train: warning: --keep-last: %s; that checkpoint "
+                     "stays, training goes on\n",
+                     removed.status().message().c_str());
+      else if (log && !removed->empty()) {
         std::string list;
         for (int64_t r : *removed)
           list += (list.empty() ? "" : ", ") + std::to_string(r);
