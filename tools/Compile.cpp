@@ -379,6 +379,19 @@ struct BuildCommand {
 /// for a free slot), each one's output to a file of its own; then appends
 /// every command line and its output to `log` in the order given, whatever
 /// order they finished in. On a failure prints what failed and the log;
+/// The variable `name` of the environment, or null when it is unset or
+/// empty (`FASTLLM_CXX= fastllm-opt ...` means the default).
+static const char *setting(const char *name) {
+  const char *env = std::getenv(name);
+  return env && *env ? env : nullptr;
+}
+
+/// The host compiler: the build's, or FASTLLM_CXX.
+static std::string hostCompiler() {
+  const char *env = setting("FASTLLM_CXX");
+  return env ? env : FASTLLM_HOST_CXX;
+}
+
 /// commands not yet started then are not started.
 static bool runAllLogged(ArrayRef<BuildCommand> commands, StringRef log,
                          unsigned jobs) {
@@ -402,7 +415,12 @@ static bool runAllLogged(ArrayRef<BuildCommand> commands, StringRef log,
     if (!program) {
       job.done = true;
       job.rc = -1;
-      job.error = "cannot find '" + c.args[0] + "'";
+      job.error = "cannot find '" + c.args[0] + "'" +
+                  (c.args[0] == hostCompiler() && setting("FASTLLM_CXX")
+                       ? " (FASTLLM_CXX)"
+                   : setting("FASTLLM_NVCC") && c.args[0] == setting("FASTLLM_NVCC")
+                       ? " (FASTLLM_NVCC)"
+                       : "");
       return;
     }
     SmallVector<StringRef> argRefs(c.args.begin(), c.args.end());
@@ -505,12 +523,6 @@ static void appendFlags(std::vector<std::string> &to,
       to.push_back(flag);
 }
 
-/// The host compiler: the build's, or FASTLLM_CXX.
-static std::string hostCompiler() {
-  const char *env = std::getenv("FASTLLM_CXX");
-  return env ? env : FASTLLM_HOST_CXX;
-}
-
 /// The recipe for `target`, or nullopt with an error when this fastllm-opt
 /// cannot build it. FASTLLM_CXX and FASTLLM_NVCC override the compilers.
 static std::optional<BuildRecipe> recipeFor(mlir::fastllm::Target target,
@@ -552,7 +564,7 @@ static std::optional<BuildRecipe> recipeFor(mlir::fastllm::Target target,
     r.systemLibraries = {"-lboost_context", "-lpthread"};
   } else {
     r.compiler = FASTLLM_NVCC;
-    if (const char *env = std::getenv("FASTLLM_NVCC"))
+    if (const char *env = setting("FASTLLM_NVCC"))
       r.compiler = env;
     if (r.compiler.empty()) {
       compileError() << "this fastllm-opt was built without the CUDA toolkit "
