@@ -52,7 +52,9 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 using namespace mlir;
 using namespace llvm;
@@ -160,7 +162,12 @@ public:
       compileError() << "'" << dir << "' is not a folder\n";
       return false;
     }
-    std::string pattern = (Twine(dir) + "/.fastllm-staging-XXXXXX").str();
+    removeAbandonedStaging();
+    // The name holds the process id, so that a later compile can tell a
+    // staging folder whose compile was killed from one still at work.
+    std::string pattern = (Twine(dir) + "/" + kStagingPrefix +
+                           Twine(::getpid()) + "-XXXXXX")
+                              .str();
     if (!::mkdtemp(pattern.data())) {
       compileError() << "cannot create a staging folder in '" << dir
                      << "': " << std::strerror(errno) << "\n";
@@ -209,6 +216,30 @@ public:
   }
 
 private:
+  static constexpr const char *kStagingPrefix = ".fastllm-staging-";
+
+  /// Removes the staging folders of compiles into this folder that were
+  /// killed (Ctrl-C, SIGTERM, SIGKILL): named `.fastllm-staging-PID-XXXXXX`
+  /// for a process PID that no longer runs. A running compile's, a
+  /// symlink, or any other name is left alone.
+  void removeAbandonedStaging() {
+    std::error_code ec;
+    for (sys::fs::directory_iterator it(dir, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      StringRef name = sys::path::filename(it->path());
+      if (!name.consume_front(kStagingPrefix))
+        continue;
+      auto [digits, rest] = name.split('-');
+      unsigned long long pid = 0;
+      if (digits.getAsInteger(10, pid) || pid == 0 || pid > INT32_MAX ||
+          rest.size() != 6 || it->type() != sys::fs::file_type::directory_file)
+        continue;
+      if (::kill(pid_t(pid), 0) == 0 || errno != ESRCH)
+        continue; // still running (or not ours to ask about)
+      sys::fs::remove_directories(it->path());
+    }
+  }
+
   std::string dir, staging;
 };
 } // namespace
