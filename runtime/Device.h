@@ -31,6 +31,12 @@ const char *deviceDescription();
 /// for the peak TFLOP/s table; "" on the CPU and under the CUDA emulation.
 std::string deviceName();
 
+/// The peak TFLOP/s MFU divides by when neither --peak-tflops nor the
+/// device's table gives one: on the CPU, the fp32 matrix-product rate of
+/// the kernels' own matmul on all their threads, measured now (the best of
+/// a few 512x512x512 products, about 20 ms); 0 on CUDA (no MFU then).
+double measuredPeakTflops();
+
 /// Device memory in use now on this rank's GPU (its total minus its free
 /// memory, other processes' included), or -1 on the CPU, which has none.
 int64_t deviceMemoryInUse();

@@ -810,8 +810,9 @@ mfu = model_tflops / --peak-tflops. The default peak: on CUDA the GPU's dense
 peak for the step's precisions (H100 SXM and H200: 989.4 bf16, 66.9 fp32;
 H100 PCIe: 756 bf16, 51.2 fp32; A100: 312 bf16, 19.5 fp32 TFLOP/s; fp32
 matmuls run in full fp32, not TF32), weighted by the FLOPs of each
-precision; on other GPUs and on the CPU MFU is omitted unless --peak-tflops
-is given. Memory: arena_bytes (planned), and rss_peak_bytes (the process's
+precision; on the CPU the fp32 matrix-product rate of its kernels, measured
+at start-up (about 20 ms; the log says the figure); on other GPUs and under
+the CUDA emulation MFU is omitted unless --peak-tflops is given. Memory: arena_bytes (planned), and rss_peak_bytes (the process's
 peak resident set, CPU) or device_mem_bytes (the GPU's memory in use, CUDA);
 time: an ISO 8601 UTC timestamp in the metrics, wall-clock in the log.
 

@@ -707,11 +707,21 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
   // peak MFU divides by (--peak-tflops, else the device's if known).
   const double rankFlopsPerStep =
       double(plan.flopsPerMicroBatch) * double(opts.gradAccum);
-  const double peakTflops =
+  double peakTflops =
       opts.peakTflops > 0
           ? opts.peakTflops
           : defaultPeakTflops(deviceName(), double(plan.flopsPerMicroBatch),
                               double(plan.bf16FlopsPerMicroBatch));
+  if (peakTflops <= 0) {
+    // (Every rank measures, at once: each sees the others' load, as in
+    // training.)
+    peakTflops = measuredPeakTflops();
+    if (log && peakTflops > 0)
+      std::fprintf(log,
+                   "MFU: against %.4g TFLOP/s, this CPU's fp32 matrix-product "
+                   "rate measured at start-up (--peak-tflops sets another)\n",
+                   peakTflops);
+  }
 
   // Validation: the mean loss over opts.evalSteps global batches of the
   // validation file, drawn like training batches at validation steps

@@ -3,9 +3,12 @@
 #include "runtime/Device.h"
 #include "runtime/cpu/Kernels.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <malloc.h>
+#include <vector>
 
 using namespace fastllm::rt;
 
@@ -16,6 +19,23 @@ const char *fastllm::rt::deviceDescription() { return "cpu"; }
 std::string fastllm::rt::deviceName() { return ""; }
 
 int64_t fastllm::rt::deviceMemoryInUse() { return -1; }
+
+double fastllm::rt::measuredPeakTflops() {
+  constexpr int64_t n = 512;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  double best = 0;
+  for (int round = 0; round < 4; ++round) { // the first warms up
+    auto start = std::chrono::steady_clock::now();
+    cpu::matmul<float>(c.data(), a.data(), b.data(), 0, nullptr, nullptr,
+                       nullptr, n, n, n, false, false);
+    double seconds = std::chrono::duration<double>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+    if (round > 0 && seconds > 0)
+      best = std::max(best, 2.0 * double(n * n * n) / seconds / 1e12);
+  }
+  return best;
+}
 
 Status fastllm::rt::initDevice(int) {
   // Before any kernel: code built for a newer CPU would stop with SIGILL in

@@ -51,6 +51,9 @@ std::string fastllm::rt::deviceName() {
 #endif
 }
 
+// A GPU's peak comes from its table (defaultPeakTflops) or --peak-tflops.
+double fastllm::rt::measuredPeakTflops() { return 0; }
+
 int64_t fastllm::rt::deviceMemoryInUse() {
   size_t freeBytes = 0, total = 0;
   if (cudaMemGetInfo(&freeBytes, &total) != cudaSuccess)
