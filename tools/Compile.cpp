@@ -623,7 +623,10 @@ struct RuntimeLocation {
 /// An installed fastllm-opt (`cmake --install`: PREFIX/bin/fastllm-opt)
 /// finds the runtime under PREFIX/include/fastllm and PREFIX/lib/fastllm;
 /// one in its build tree, the sources and build/lib it was built from.
-static RuntimeLocation runtimeLocation() {
+/// Reports and returns nullopt for a fastllm-opt outside its build tree
+/// without an installed runtime (one copied away alone): the message names
+/// what an install holds, never the build machine's paths.
+static std::optional<RuntimeLocation> runtimeLocation() {
   static int anchor;
   std::string exe = sys::fs::getMainExecutable(nullptr, &anchor);
   SmallString<256> prefix(sys::path::parent_path(sys::path::parent_path(exe)));
@@ -633,8 +636,21 @@ static RuntimeLocation runtimeLocation() {
   sys::path::append(abi, "runtime", "ModelABI.h");
   sys::path::append(lib, "lib", "fastllm");
   if (!exe.empty() && sys::fs::exists(abi))
-    return {std::string(include), std::string(lib)};
-  return {FASTLLM_SOURCE_DIR, FASTLLM_RUNTIME_LIB_DIR};
+    return RuntimeLocation{std::string(include), std::string(lib)};
+  // The build tree's own fastllm-opt (BUILD/bin beside BUILD/lib) uses the
+  // tree; a copy elsewhere never reaches back into it.
+  SmallString<256> exeDir, buildBin;
+  sys::fs::real_path(sys::path::parent_path(exe), exeDir);
+  sys::fs::real_path(Twine(FASTLLM_RUNTIME_LIB_DIR) + "/../bin", buildBin);
+  if (!exe.empty() && !exeDir.empty() && exeDir == buildBin)
+    return RuntimeLocation{FASTLLM_SOURCE_DIR, FASTLLM_RUNTIME_LIB_DIR};
+  compileError() << "cannot find the training runtime: an installed "
+                    "fastllm-opt finds it in '"
+                 << include << "' and '" << lib
+                 << "' (`cmake --install BUILD --prefix "
+                 << (prefix.empty() ? StringRef("PREFIX") : StringRef(prefix))
+                 << "` puts it there); --emit source needs no runtime\n";
+  return std::nullopt;
 }
 
 /// `dir`/`name` when it is a precompiled header that is up to date: it
@@ -684,7 +700,10 @@ static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
   std::string source =
       path(mlir::fastllm::TargetDescription::get(target).sourceFile);
   std::string log = path("build.log"), binary = path("train");
-  RuntimeLocation runtime = runtimeLocation();
+  std::optional<RuntimeLocation> found = runtimeLocation();
+  if (!found)
+    return false;
+  const RuntimeLocation &runtime = *found;
 
   // A source in parts (codegen/CppEmitter.h, sourceParts()) is compiled as
   // one translation unit per part, concurrently; otherwise as one.
@@ -892,6 +911,9 @@ bool CompileFlags::check(mlir::fastllm::TrainingPipelineOptions &pipeline,
                    << "'\n";
     return false;
   }
+  // A binary needs the runtime: checked before anything is made.
+  if (emit == "binary" && !runtimeLocation())
+    return false;
   if (!importFlags.fill(options))
     return false;
   if (batchSize.getNumOccurrences())
