@@ -239,8 +239,16 @@ LogicalResult mlir::fastllm::writeWeights(ModuleOp module, StringRef path) {
   // Not synced before its rename: the file is the model's weights again and
   // compile can make it anew (syncing 3.8 GB cost 1.3-1.9 s of the 0.94B
   // model's compile); after a crash a short file is refused by train.
+  // Where a tensor under a generated name is read (tools/fastllm_weights.py
+  // tells tensors of equal values apart by it).
+  std::vector<std::pair<std::string, std::string>> metadata = {
+      {"format", "pt"}, {"producer", "fastllm-opt"}};
+  for (auto p : module.getOps<model::ParameterOp>())
+    if (auto scope = p->getAttrOfType<StringAttr>(model::kModuleScopeAttr))
+      metadata.push_back({"fastllm.module." + p.getSymName().str(),
+                          scope.getValue().str()});
   ::fastllm::rt::Status status = ::fastllm::rt::writeSafetensors(
-      path.str(), tensors, {{"format", "pt"}, {"producer", "fastllm-opt"}},
+      path.str(), tensors, metadata,
       /*written=*/nullptr, /*durable=*/false);
   if (!status.ok()) {
     // write() from a mapping whose file shrank fails with EFAULT (a read in

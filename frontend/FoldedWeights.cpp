@@ -549,6 +549,8 @@ bool GraphImporter::splitParameter(StringRef from, StringRef to) {
                 builder.getStringAttr(original.getSymName()));
   if (name != to)
     copy->setAttr("model.folded_from", builder.getStringAttr(to));
+  else if (!copyModule.empty()) // as nameFoldedWeights does
+    copy->setAttr(model::kModuleScopeAttr, builder.getStringAttr(copyModule));
   // The same bytes, in the same layout.
   if (original->hasAttr(kInitialValueTransposedAttr))
     copy->setAttr(kInitialValueTransposedAttr, builder.getUnitAttr());
@@ -587,8 +589,15 @@ void GraphImporter::nameFoldedWeights() {
       continue;
     std::string path = matmulModule(old);
     std::string name = path.empty() ? std::string() : claimWeightName(path);
-    if (name.empty())
+    if (name.empty()) {
+      // Kept under the exporter's name, its module is still known: the
+      // weights file says it, so that tools/fastllm_weights.py can tell
+      // apart tensors of equal initial values (the layers of an
+      // nn.TransformerEncoder, deep copies of one) by where they are read.
+      if (!path.empty())
+        param->setAttr(model::kModuleScopeAttr, builder.getStringAttr(path));
       continue;
+    }
     // Transpose the bytes where they are (one scratch copy of this tensor),
     // or, when they lie in a read-only mapping of external data, when they
     // are written out (kInitialValueTransposedAttr).

@@ -44,6 +44,12 @@ namespace mlir::fastllm::model {
 constexpr llvm::StringLiteral kInitialValueTransposedAttr =
     "model.initial_value_transposed";
 
+/// Set on a model.parameter that keeps the exporter's generated name
+/// (`onnx::MatMul_N`) although the module whose MatMul nodes read it is
+/// known from their scopes ("stack.layers.0.self_attn"): codegen/Weights.cpp
+/// records it in weights.safetensors' metadata as `fastllm.module.NAME`.
+constexpr llvm::StringLiteral kModuleScopeAttr = "model.module_scope";
+
 /// The value whose buffer `v` names: `v` seen through every view
 /// (ViewLikeOpInterface: model.reshape) back to the op that owns memory, or
 /// to a block argument.

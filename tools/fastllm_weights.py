@@ -33,8 +33,14 @@ needed here.) What this loader does with `model` given:
     the compiled run's weights.safetensors, and `model` holding the values
     it was exported with: the one parameter whose value equals the tensor's
     initial value, as stored or transposed (then transposed back), like the
-    importer's rule for folded copies; values all equal are never matched.
-    Such names are generated ones (`onnx::...`: `compile` could not tell
+    importer's rule for folded copies. Parameters of equal value (the
+    deep-copied layers of an nn.TransformerEncoder) are told apart by the
+    module that reads the tensor, which `compile` records in the initial
+    weights' metadata (`fastllm.module.NAME`); a tensor whose elements are
+    all equal (a zero position table) is placed only where one parameter
+    alone is left with its shape and value; one that is a buffer of the
+    model reshaped (an attention mask), unchanged by training, is the
+    buffer. Such names are generated ones (`onnx::...`: `compile` could not tell
     the module; e.g. `wpe(arange(T))` folded into a constant `onnx::Add_N`)
     or a module path read from the exporter's scopes that the model does
     not have (a Linear inside an `nn.ModuleDict` called through a lambda is
@@ -276,19 +282,52 @@ def _ties(model):
     return {n: g for g in groups.values() for n in g}
 
 
+_MODULE_KEY = "fastllm.module."
+
+
+def _in_module(name, scope):
+    """True when parameter `name` belongs to the module at exporter scope
+    `scope`: the scope's parts are in order among the module path's, the
+    last ones equal (the exporter's scopes skip containers not called, as
+    the importer's rule has it)."""
+    path = name.split(".")[:-1]
+    parts = scope.split(".")
+    if not path or path[-1] != parts[-1]:
+        return False
+    it = iter(path)
+    return all(p in it for p in parts)
+
+
 def _match_by_value(tensors, initial_path, model):
     """Renames tensors under names `model` lacks to the model's parameter
     whose current value is exactly the tensor's value in `initial_path` (the
     compiled run's weights.safetensors), as stored or transposed (then the
     trained tensor is transposed back). `model` must hold the values it was
-    exported with. A name with no such parameter, or several, stays."""
-    initial, _ = read_safetensors(initial_path)
+    exported with. Several parameters of equal value (the deep-copied layers
+    of an nn.TransformerEncoder) are told apart by the module the file says
+    reads the tensor (metadata `fastllm.module.NAME`); a tensor of equal
+    elements (zeros) is placed only where one parameter alone is left with
+    its shape and value. A tensor equal to a
+    buffer of the model in its initial and its saved value (a mask the
+    exporter reshaped) is the buffer, which comes from `model`: dropped. A
+    name with no such parameter, or several, stays."""
+    initial, metadata = read_safetensors(initial_path)
+    scopes = {k[len(_MODULE_KEY):]: v for k, v in metadata.items()
+              if k.startswith(_MODULE_KEY)}
     own = model.state_dict()
+    parameters = {n for n, t in model.state_dict(keep_vars=True).items()
+                  if isinstance(t, torch.nn.Parameter)}
     taken = set(tensors)
+    uniform = []
     for name in [n for n in tensors if n not in own]:
         start = initial.get(name)
-        if start is None or start.numel() < 2 or bool((start == start.flatten()[0]).all()):
-            continue  # equal elements say nothing about identity
+        if start is None:
+            continue
+        if not start.is_floating_point():
+            continue
+        if start.numel() < 2 or bool((start == start.flatten()[0]).all()):
+            uniform.append(name)  # equal elements say nothing here
+            continue
         found = []
         for pname, value in own.items():
             if pname in taken or not value.is_floating_point():
@@ -298,11 +337,30 @@ def _match_by_value(tensors, initial_path, model):
             elif (value.dim() == 2 and value.t().shape == start.shape
                   and torch.equal(value.t(), start.to(value.dtype))):
                 found.append((pname, True))
+        if len(found) > 1 and name in scopes:
+            found = [f for f in found if _in_module(f[0], scopes[name])]
         if len(found) == 1:
             pname, transposed = found[0]
             t = tensors.pop(name)
             tensors[pname] = t.t().contiguous() if transposed else t
             taken.add(pname)
+        elif not found and torch.equal(tensors[name], start.to(tensors[name].dtype)):
+            flat = start.flatten()
+            if any(pname not in parameters and value.numel() == flat.numel()
+                   and torch.equal(value.flatten(), flat.to(value.dtype))
+                   for pname, value in own.items()):
+                del tensors[name]  # a buffer, reshaped: the model has it
+    # A tensor of equal elements (zeros: a position table) is placed when,
+    # everything else placed, one parameter alone is left with its shape and
+    # value.
+    for name in uniform:
+        start = initial[name]
+        left = [p for p in parameters - taken
+                if own[p].shape == start.shape
+                and torch.equal(own[p], start.to(own[p].dtype))]
+        if len(left) == 1:
+            tensors[left[0]] = tensors.pop(name)
+            taken.add(left[0])
 
 
 def _closest(name, t, own, placed, most=3):

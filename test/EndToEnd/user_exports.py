@@ -28,6 +28,11 @@ habits of common model code rather than being shaped for the tool:
   - sdpa (SdpaStyleLM): F.scaled_dot_product_attention with
     is_causal=True, no mask buffer, untied head. It needs PyTorch 2.0 or
     later; with an older one (Debian 12's 1.13) it is one SKIP.
+  - torch-encoder (EncoderStackLM): no attention of the user's: PyTorch's
+    nn.TransformerEncoder of pre-norm nn.TransformerEncoderLayer
+    (batch_first, GELU, its fused in_proj and nn.MultiheadAttention), the
+    -inf mask of nn.Transformer.generate_square_subsequent_mask as a
+    buffer, learned positions as one nn.Parameter, tied head.
 Each is exported three ways:
   - helper: tools/fastllm_export.py (training mode, no folding, the parameter
     list in the file's metadata; the helper's own loss check runs too);
@@ -53,7 +58,7 @@ PyTorch model trained on the same samples with torch.optim.AdamW (decay on
     is no farther from the float64 run than 3x PyTorch fp32 is, and is
     reported as noise-driven. Buffers saved must be unchanged.
 Prints PASS/FAIL/SKIP per case and `user export tests: P passed, F failed, S skipped`.
-Options: --models gpt,llama,hf-gpt2,sdpa  --modes helper,default,training  --dp 1,2
+Options: --models gpt,llama,hf-gpt2,sdpa,torch-encoder  --modes helper,default,training  --dp 1,2
 """
 import argparse
 import json
@@ -70,6 +75,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import fastllm_export  # noqa: E402
+import fastllm_weights  # noqa: E402
 import torch_reference  # noqa: E402
 import user_models  # noqa: E402  (beside this file)
 
@@ -94,6 +100,7 @@ MODELS = {
                                               p_drop=0.0),
     "hf-gpt2": lambda: user_models.Gpt2StyleLM(**SIZE, p_drop=0.0),
     "sdpa": lambda: user_models.SdpaStyleLM(**SIZE),
+    "torch-encoder": lambda: user_models.EncoderStackLM(**SIZE, p_drop=0.0),
 }
 DEFAULT_MODELS = ",".join(MODELS)
 
@@ -180,6 +187,24 @@ def check_weights(kind, start_path, saved_path, ref32, ref64):
     param_names = {n for n, _ in make_model(kind).named_parameters()}
     covered = {ref for ref, _ in found.values()}
     missing = sorted(param_names - covered)
+    placed = []
+    if unknown or missing:
+        # What a user does with such a file: tools/fastllm_weights.py places
+        # the tensors the names above do not (the deep-copied layers of an
+        # nn.TransformerEncoder are equal in value: it tells them apart by
+        # the module the compiled run's metadata says reads each).
+        try:
+            loaded = fastllm_weights.load_state_dict(saved_path, make_model(kind),
+                                                     initial=start_path)
+        except fastllm_weights.WeightsError as e:
+            bad_load = str(e)
+        else:
+            bad_load = None
+            for ref in missing:
+                saved[ref] = loaded[ref].numpy()
+                found[ref] = (ref, None)
+                placed.append(ref)
+            missing, unknown = [], []
     worst, worst_name, noise, bad = 0.0, "", [], []
     for name, (ref, rows) in found.items():
         ours = saved[name]
@@ -206,6 +231,9 @@ def check_weights(kind, start_path, saved_path, ref32, ref64):
     ok = not missing and not unknown and not bad
     detail = (f"worst {worst:.2e} ({worst_name}) over {len(found)} tensors"
               + (f"; not under PyTorch's name, found by value: {renamed}" if renamed else "")
+              + (f"; placed by fastllm_weights: {placed}" if placed else "")
+              + (f"; fastllm_weights: {bad_load}" if (missing or unknown) and bad_load
+                 else "")
               + (f"; noise-driven: {', '.join(noise)}" if noise else "")
               + (f"; FAILED: {'; '.join(bad)}" if bad else "")
               + (f"; missing {missing}" if missing else "")

@@ -18,7 +18,13 @@ family keeps the habits of a widely used style of model code:
                 with the dtype's lowest value, a hand-written tanh GELU,
                 view/permute head splitting, nn.CrossEntropyLoss;
   SdpaStyleLM   F.scaled_dot_product_attention(..., is_causal=True)
-                (PyTorch 2.0 and later).
+                (PyTorch 2.0 and later);
+  EncoderStackLM  PyTorch's own nn.TransformerEncoder of pre-norm
+                nn.TransformerEncoderLayer (batch_first, GELU), the float
+                -inf mask nn.Transformer.generate_square_subsequent_mask
+                makes as a buffer, learned positions as one nn.Parameter,
+                the embedding tied to the head: a model for which the user
+                writes no attention at all.
 
 Every model's forward takes (token ids, targets), both int64 [batch, seq],
 and returns the mean cross-entropy loss.
@@ -397,3 +403,27 @@ class SdpaStyleLM(nn.Module):
             x = x + attn(self.norms[2 * i](x))
             x = x + mlp(self.norms[2 * i + 1](x))
         return flat_cross_entropy(self.head(self.final_norm(x)), targets)
+
+
+class EncoderStackLM(nn.Module):
+    """A causal language model from PyTorch's library layers."""
+
+    def __init__(self, vocab=96, context=16, depth=2, heads=4, width=32, p_drop=0.0):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Parameter(torch.zeros(1, context, width))
+        layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width,
+                                           dropout=p_drop, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.stack = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.final_norm = nn.LayerNorm(width)
+        self.lm_head = nn.Linear(width, vocab, bias=False)
+        self.lm_head.weight = self.tokens.weight
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(context))
+
+    def forward(self, idx, targets):
+        seq = idx.size(1)
+        h = self.tokens(idx) + self.positions[:, :seq]
+        h = self.stack(h, mask=self.causal[:seq, :seq])
+        logits = self.lm_head(self.final_norm(h))
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
