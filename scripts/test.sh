@@ -126,7 +126,7 @@ else
 fi
 
 reader_seconds=${READER_FUZZ_SECONDS:-20}
-echo "== fuzzing the runtime's file readers: manifests, safetensors, token files (${reader_seconds}s)"
+echo "== fuzzing the runtime's file readers: manifests, safetensors, token files, metrics lines (${reader_seconds}s)"
 if [[ -x "$build/bin/fastllm-reader-fuzzer" ]]; then
   corpus=$(mktemp -d)
   "$py" "$root/tools/fuzz/make_reader_seeds.py" "$corpus"

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """make_reader_seeds.py DIR: seeds for fastllm-reader-fuzzer, each file's
-first byte picking the reader (0 manifest, 1 safetensors, 2 token file) as
+first byte picking the reader (0 manifest, 1 safetensors, 2 token file,
+3 metrics line) as
 tools/fuzz/readers/reader-fuzzer.cpp reads it: a valid checkpoint manifest
 of a two-parameter plan, a safetensors file of two F32 tensors, and token
-files with and without the 32-byte header."""
+files with and without the 32-byte header, and a metrics line."""
 import json
 import os
 import struct
@@ -42,3 +43,6 @@ with open(os.path.join(out, "tokens-header.seed"), "wb") as f:
     f.write(b"\2" + b"FLLMTOK\0" + struct.pack("<IIQQ", 1, 2, 8, 20) + ids)
 with open(os.path.join(out, "tokens-raw.seed"), "wb") as f:
     f.write(b"\2" + ids)
+with open(os.path.join(out, "metrics.seed"), "wb") as f:
+    f.write(b"\3" + b'{"step": 7, "loss": NaN, "lr": 0.001, "grad_norm": Infinity, '
+            b'"time": "2026-11-27T23:59:59.000Z", "skipped": true}')

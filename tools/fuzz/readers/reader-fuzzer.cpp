@@ -3,7 +3,8 @@
 // Feeds arbitrary bytes to the readers of the files a user hands `train`
 // and `fastllm-opt consolidate`: a checkpoint manifest (parsed, then its
 // plan fingerprint turned into a layout), a safetensors file (opened, every
-// F32 tensor read) and a token file (opened, mapped, some ids read). The
+// F32 tensor read), a token file (opened, mapped, some ids read) and a
+// metrics line (as `--resume` reads the --metrics file it continues). The
 // first byte picks the reader; the rest is the file. Any input must give a
 // value or an error: never a crash, a hang or unbounded memory. Built with
 // -fsanitize=fuzzer,address when the compiler is clang.
@@ -12,6 +13,7 @@
 
 #include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
+#include "runtime/Metrics.h"
 #include "runtime/Safetensors.h"
 
 #include <cstddef>
@@ -82,20 +84,28 @@ void tokens(const uint8_t *data, size_t size) {
   t->read(t->size() - 5, 5, ids);
 }
 
+void metricsLine(const uint8_t *data, size_t size) {
+  (void)parseMetricsLine(
+      std::string_view(reinterpret_cast<const char *>(data), size));
+}
+
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1)
     return 0;
-  switch (data[0] % 3) {
+  switch (data[0] % 4) {
   case 0:
     manifest(data + 1, size - 1);
     break;
   case 1:
     safetensors(data + 1, size - 1);
     break;
-  default:
+  case 2:
     tokens(data + 1, size - 1);
+    break;
+  default:
+    metricsLine(data + 1, size - 1);
     break;
   }
   return 0;
