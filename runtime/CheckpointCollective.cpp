@@ -123,17 +123,17 @@ fastllm::rt::loadLatestCheckpoint(Communicator &comm, const std::string &dir,
       why = m.status().message();
     } else if (m->step != step) {
       why = "its manifest is for step " + std::to_string(m->step);
-    } else if (m->dp != comm.size()) {
-      // (The plan, compared next, fixes dp: a manifest listing another
-      // number of shards was altered.)
-      why = "its manifest lists " + std::to_string(m->dp) +
-            " shards for a run of " + std::to_string(comm.size()) + " ranks";
     } else if (std::optional<std::string> diff =
                    firstDifference(m->plan, plan)) {
       return errorf("checkpoint '%s' was written for a different plan: %s; "
                     "resume with the binary that wrote it, or start a new "
                     "--checkpoint-dir",
                     folder.c_str(), diff->c_str());
+    } else if (m->dp != comm.size()) {
+      // (The plan, compared above, fixes dp: a manifest listing another
+      // number of shards than its own plan's dp was altered.)
+      why = "its manifest lists " + std::to_string(m->dp) +
+            " shards for a run of " + std::to_string(comm.size()) + " ranks";
     } else {
       why = loadShard(folder, comm.rank(), *m, regions);
     }

@@ -228,6 +228,11 @@ Expected<JsonValue> fastllm::rt::parseJson(std::string_view text) {
   // holds a raw NUL (in a string it is written \u0000).
   if (size_t nul = text.find('\0'); nul != std::string_view::npos)
     return errorf("a NUL byte at byte %zu", nul);
+  // nlohmann passes over a UTF-8 byte-order mark; Python's json (and so
+  // tools/fastllm_weights.py and the safetensors library) refuse one: one
+  // rule for every reader of the same files.
+  if (text.substr(0, 3) == "\xEF\xBB\xBF")
+    return errorf("a UTF-8 byte-order mark at byte 0");
   size_t read = 0;
   const char *begin = text.data(), *end = begin + text.size();
   TreeBuilder builder(&read);

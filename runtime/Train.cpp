@@ -282,8 +282,17 @@ Status truncateMetrics(const std::string &path, int64_t step,
       if (parsed->step > uint64_t(step)) {
         done = true; // a later step of this run: dropped with the rest
       } else {
+        // (Compared as numbers: "5.627004620" is the checkpoint's
+        // "5.62700462"; NaN matches NaN.)
+        auto value = [](const std::string &text) {
+          return text == "NaN" ? std::nan("") : std::strtod(text.c_str(), nullptr);
+        };
+        auto same = [&](const std::string &a, const std::string &b) {
+          double x = value(a), y = value(b);
+          return !a.empty() && (x == y || (std::isnan(x) && std::isnan(y)));
+        };
         if (int64_t(parsed->step) == step && !loss.empty() &&
-            parsed->loss != loss)
+            !same(parsed->loss, loss))
           return refuse("has step " + std::to_string(step) + "'s loss " +
                         (parsed->loss.empty() ? "missing" : parsed->loss) +
                         ", the checkpoint's is " + loss);
@@ -661,6 +670,12 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
     synchronizeDevice();
   }
 
+  if (leader && firstStep > 0 && !opts.dumpGradsPath.empty())
+    std::fprintf(stderr,
+                 "train: warning: --dump-grads writes step 1's gradients, "
+                 "and this run resumes after step %lld: '%s' is not "
+                 "written\n",
+                 (long long)firstStep, opts.dumpGradsPath.c_str());
   std::optional<MetricsFile> metrics;
   if (leader && !opts.metricsPath.empty()) {
     if (opts.resume) {

@@ -757,7 +757,19 @@ static bool buildBinary(StringRef dir, mlir::fastllm::Target target,
   link.insert(link.end(), recipe->systemLibraries.begin(),
               recipe->systemLibraries.end());
   link.insert(link.end(), {"-lmpi", "-lm", "-o", binary});
-  return runLogged(link, log, "building " + binary);
+  if (!runLogged(link, log, "building " + binary))
+    return false;
+  // A "compiler" that exits 0 without making anything (FASTLLM_CXX=true)
+  // must not replace a working `train` with none.
+  sys::fs::file_status status;
+  if (sys::fs::status(binary, status) || !sys::fs::is_regular_file(status) ||
+      !(status.permissions() & sys::fs::owner_exe) || status.getSize() == 0) {
+    compileError() << "the C++ compiler '" << cxx
+                   << "' reported success but made no executable '" << binary
+                   << "'; nothing was replaced\n";
+    return false;
+  }
+  return true;
 }
 
 namespace {

@@ -1,9 +1,10 @@
 //===- WholeNumberFlag.h - integer flags with plain-words errors -*- C++ -*-===//
 //
 // LLVM's integer flags show as `--dp=<long>` and refuse `--dp 1e3` with
-// "value invalid for long argument!". The parser here takes the same
-// numbers (decimal, or 0x hex) and says what it wanted instead, and shows
-// as `--dp=<N>`. Each flag's own range is checked where it is used.
+// "value invalid for long argument!", and read `010` as octal and `0x10`
+// as hex. The parser here takes decimal digits only (as `train` does: `010`
+// is ten), says what it wanted otherwise, and shows as `--dp=<N>`. Each
+// flag's own range is checked where it is used.
 //
 //===----------------------------------------------------------------------===//
 
@@ -28,7 +29,7 @@ public:
 
   bool parse(llvm::cl::Option &option, llvm::StringRef name,
              llvm::StringRef arg, T &value) {
-    if (!arg.getAsInteger(0, value))
+    if (!arg.getAsInteger(10, value))
       return false;
     std::string shown = arg.size() > 40 ? arg.take_front(40).str() + "..."
                                         : arg.str();

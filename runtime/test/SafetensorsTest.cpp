@@ -74,6 +74,8 @@ TEST(Json, RejectsMalformedText) {
             "a NUL byte at byte 2");
   EXPECT_EQ(parseJson(std::string("{\"a\0\":1}", 9)).status().message(),
             "a NUL byte at byte 3");
+  EXPECT_EQ(parseJson("\xEF\xBB\xBF{}").status().message(),
+            "a UTF-8 byte-order mark at byte 0");
   Expected<JsonValue> deep = parseJson(std::string(100000, '['));
   ASSERT_FALSE(deep.ok());
   EXPECT_EQ(deep.status().message(), "JSON nested too deeply at byte 65");
