@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <climits>
+#include <csignal>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -57,6 +58,8 @@ std::string fastllm::rt::checkReplaceable(const std::string &path) {
   return "'" + path + "' is " + what +
          "; refusing to replace it (write to a regular file or a new path)";
 }
+
+void fastllm::rt::ignoreFileSizeSignal() { ::signal(SIGXFSZ, SIG_IGN); }
 
 void fastllm::rt::reserveStandardStreams() {
   for (int fd = 0; fd <= 2; ++fd)

@@ -42,6 +42,12 @@ bool readAt(int fd, void *buf, uint64_t size, uint64_t offset);
 /// lock). Called first by every main().
 void reserveStandardStreams();
 
+/// Makes a write past the file-size limit (`ulimit -f`) fail with EFBIG,
+/// reported naming the file with its temporary removed, instead of the
+/// default SIGXFSZ killing the process in the middle of the write (a run's
+/// trained weights lost with it). Called first by every main().
+void ignoreFileSizeSignal();
+
 /// Suffix of the temporaries OutputFile creates: `<target>.tmp-XXXXXX`.
 /// Cleanup code recognises orphans (left by a killed process) by it.
 constexpr const char *kTemporarySuffix = ".tmp-";

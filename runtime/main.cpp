@@ -56,6 +56,7 @@ std::string checkOmpThreads() {
 
 int main(int argc, char **argv) {
   reserveStandardStreams();
+  ignoreFileSizeSignal();
   if (std::string why = checkOmpThreads(); !why.empty()) {
     std::fprintf(stderr, "train: error: %s\n", why.c_str());
     return 1;

@@ -40,9 +40,6 @@ using llvm::WithColor;
 
 namespace mlir::fastllm {
 int consolidateMain(int argc, char **argv);
-/// runtime/OutputFile.h's, for fastllm-opt's main (whose namespaces would
-/// make the runtime's `fastllm` ambiguous there).
-void reserveStandardStreams() { ::fastllm::rt::reserveStandardStreams(); }
 } // namespace mlir::fastllm
 
 namespace {

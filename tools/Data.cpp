@@ -35,6 +35,7 @@
 #include "runtime/Json.h"
 #include "runtime/OutputFile.h"
 #include "runtime/TokenFileFormat.h"
+#include "tools/ToolProcess.h"
 #include "tools/WholeNumberFlag.h"
 
 #include "llvm/ADT/STLFunctionalExtras.h"
@@ -952,14 +953,8 @@ static int dataMain(int argc, char **argv) {
 /// "fastllm-opt data"), see tools/DataLauncher.cpp.
 int main(int argc, char **argv) {
   // (A closed stdout would be taken by the next file opened, the output.)
-  fastllm::rt::reserveStandardStreams();
+  mlir::fastllm::setUpToolProcess();
   InitLLVM y(argc, argv);
-  // Interrupted (Ctrl-C, SIGTERM, SIGHUP), the outputs' temporaries go.
-  fastllm::rt::setTemporaryHook([](const std::string &path, bool created) {
-    if (created)
-      sys::RemoveFileOnSignal(path);
-    else
-      sys::DontRemoveFileOnSignal(path);
-  });
+  mlir::fastllm::setUpToolSignals();
   return dataMain(argc, argv);
 }

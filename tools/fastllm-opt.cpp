@@ -19,6 +19,7 @@
 #include "passes/Passes.h"
 #include "passes/Pipelines.h"
 #include "tools/Compile.h"
+#include "tools/ToolProcess.h"
 
 #include "mlir/Bytecode/BytecodeWriter.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -173,13 +174,13 @@ static int importMain(int argc, char **argv) {
 namespace mlir::fastllm {
 /// `fastllm-opt consolidate ...` (tools/Consolidate.cpp).
 int consolidateMain(int argc, char **argv);
-void reserveStandardStreams(); // tools/Consolidate.cpp
 } // namespace mlir::fastllm
 
 int main(int argc, char **argv) {
   // (A closed stdout would be taken by the next file opened, the output.)
-  mlir::fastllm::reserveStandardStreams();
+  mlir::fastllm::setUpToolProcess();
   InitLLVM y(argc, argv);
+  mlir::fastllm::setUpToolSignals();
   cl::SetVersionPrinter(fastllm::printVersion);
   if (argc > 1 && StringRef(argv[1]) == "import") {
     // Drop the subcommand so cl sees `fastllm-opt-import ARGS...`.
