@@ -167,7 +167,7 @@ std::string fastllm::rt::logLine(const StepRecord &r, int64_t totalSteps,
 }
 
 Expected<MetricsFile> MetricsFile::create(const std::string &path,
-                                          bool append) {
+                                          bool append, bool replace) {
   MetricsFile m;
   m.path = path;
   auto refuse = [&](const std::string &why) {
@@ -175,9 +175,21 @@ Expected<MetricsFile> MetricsFile::create(const std::string &path,
   };
   if (std::string why = checkReplaceable(path); !why.empty())
     return refuse(why);
-  if (!append)
-    if (std::string why = writeFileAtomically(path, ""); !why.empty())
-      return refuse(why);
+  if (!append) {
+    OutputFile empty(path, /*durable=*/true, replace);
+    if (!empty.open())
+      return refuse(empty.error());
+    if (!empty.commit()) {
+      // (The kept temporary is empty: nothing of this run's to keep.)
+      ::unlink(empty.temporaryPath().c_str());
+      struct stat there;
+      return refuse(!replace && ::lstat(path.c_str(), &there) == 0
+                        ? "'" + path + "' appeared since the run started "
+                              "(another run writing the same --metrics?) "
+                              "and is left as it is"
+                        : empty.error());
+    }
+  }
   // O_NOFOLLOW and O_NONBLOCK: whatever replaced the checked entry since, a
   // symlink is not followed and a FIFO does not block the open; fstat then
   // tells what was opened.

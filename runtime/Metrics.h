@@ -85,8 +85,12 @@ public:
   /// Starts an empty file (a new one, through OutputFile), or appends to it
   /// (a resumed run) when `append`. Either way the path must name a regular
   /// file or nothing: a symlink, device, FIFO or directory is refused.
+  /// `replace` false: a new file is put in place only where none is (a
+  /// second run started at the same moment with the same --metrics fails
+  /// instead of writing into the first one's file).
   static Expected<MetricsFile> create(const std::string &path,
-                                      bool append = false);
+                                      bool append = false,
+                                      bool replace = true);
 
   MetricsFile(MetricsFile &&other) noexcept;
   MetricsFile &operator=(MetricsFile &&other) noexcept;

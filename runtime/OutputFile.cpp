@@ -231,9 +231,22 @@ bool OutputFile::commit() {
 }
 
 std::string fastllm::rt::renameInto(const std::string &from,
-                                    const std::string &to) {
+                                    const std::string &to, bool replace) {
   if (std::string why = checkReplaceable(to); !why.empty())
     return why;
+  if (!replace) {
+    if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(),
+                    RENAME_NOREPLACE) == 0) {
+      syncFolder(folderOf(to));
+      return "";
+    }
+    if (errno == EEXIST)
+      return "'" + to + "' appeared while this was written (another " +
+             "run's output?) and is left as it is; pass --overwrite to " +
+             "replace it";
+    if (errno != EINVAL && errno != ENOSYS) // (else: a plain rename)
+      return "cannot write '" + to + "': " + std::strerror(errno);
+  }
   if (std::rename(from.c_str(), to.c_str()) != 0)
     return "cannot write '" + to + "': " + std::strerror(errno);
   syncFolder(folderOf(to));

@@ -120,8 +120,11 @@ inline std::string writeFileAtomically(const std::string &path,
 }
 
 /// Renames the complete file `from` over `to` after checking that `to` may be
-/// replaced, and syncs `to`'s folder. Returns "" or the error.
-std::string renameInto(const std::string &from, const std::string &to);
+/// replaced, and syncs `to`'s folder. Returns "" or the error. `replace`
+/// false: only where nothing is (RENAME_NOREPLACE; a file that appeared
+/// since the caller checked is left as it is, an error).
+std::string renameInto(const std::string &from, const std::string &to,
+                       bool replace = true);
 
 /// Makes renames and new entries in `folder` durable. A folder that cannot be
 /// synced (some network filesystems) still holds complete files.

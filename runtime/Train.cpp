@@ -692,7 +692,8 @@ Status fastllm::rt::train(const PlanInfo &plan, StepFunction step,
                      opts.metricsPath.c_str(), gap.c_str());
     }
     Expected<MetricsFile> file =
-        MetricsFile::create(opts.metricsPath, /*append=*/opts.resume);
+        MetricsFile::create(opts.metricsPath, /*append=*/opts.resume,
+                            /*replace=*/opts.overwrite);
     if (!file)
       return file.status();
     metrics = std::move(*file);

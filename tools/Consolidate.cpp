@@ -346,7 +346,10 @@ int mlir::fastllm::consolidateMain(int argc, char **argv) {
   if (!tensors)
     return fail(tensors.status().message());
   WrittenFile written;
-  if (Status s = writeSafetensors(out, *tensors, {{"format", "pt"}}, &written);
+  // Without --overwrite, put in place only where nothing is: another
+  // consolidate's output that appeared meanwhile is not replaced.
+  if (Status s = writeSafetensors(out, *tensors, {{"format", "pt"}}, &written,
+                                  /*durable=*/true, /*replace=*/overwrite);
       !s.ok())
     return fail(s.message());
   outs() << "wrote '" << out << "': " << written.tensors << " tensors, "

@@ -612,7 +612,7 @@ std::optional<uint64_t> countTokens(Encoder &encoder,
 int writeTokenFiles(Encoder &encoder, ArrayRef<std::string> inputs,
                     StringRef jsonlField, const std::string &output,
                     const std::string &valOutput, double valFraction,
-                    std::optional<uint64_t> counted) {
+                    std::optional<uint64_t> counted, bool overwrite) {
   if (!counted)
     counted = countTokens(encoder, inputs, jsonlField);
   if (!counted)
@@ -675,7 +675,7 @@ int writeTokenFiles(Encoder &encoder, ArrayRef<std::string> inputs,
   std::string why;
   for (TokenWriter *w : {&train, val ? &*val : nullptr})
     if (w && why.empty())
-      why = fastllm::rt::renameInto(w->temporary(), w->path());
+      why = fastllm::rt::renameInto(w->temporary(), w->path(), overwrite);
   if (!why.empty()) {
     dataError() << why << "\n";
     ::unlink(train.temporary().c_str());
@@ -946,7 +946,7 @@ static int dataMain(int argc, char **argv) {
   if (!encoder)
     return 1;
   return writeTokenFiles(*encoder, inputs, jsonlField, output, valOutput,
-                         valFraction, counted);
+                         valFraction, counted, overwrite);
 }
 
 /// fastllm-data: `fastllm-opt data` runs it with its own arguments (argv[0]

@@ -1051,6 +1051,26 @@ TEST(LogLine, ShowsSmallMfuWithoutRoundingItToZero) {
   EXPECT_EQ(logLine(r, 10, 0).find("MFU"), std::string::npos);
 }
 
+TEST(MetricsFile, ANewFileWithoutOverwriteNeverReplacesOne) {
+  // Two runs started at once with the same --metrics: the second to create
+  // it finds the first's file there and fails, leaving it and nothing else.
+  TempDir dir;
+  std::string path = dir.file("m.jsonl");
+  writeBytes(path, "{\"step\": 1}\n");
+  Expected<MetricsFile> second = MetricsFile::create(path, false, false);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().message(),
+            "metrics file: '" + path +
+                "' appeared since the run started (another run writing the "
+                "same --metrics?) and is left as it is");
+  EXPECT_EQ(readBytes(path), "{\"step\": 1}\n");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()),
+                          std::filesystem::directory_iterator()),
+            1);
+  ASSERT_TRUE(MetricsFile::create(path, false, true).ok()); // --overwrite
+  EXPECT_EQ(readBytes(path), "");
+}
+
 TEST(MetricsLine, ReadsEveryLineMetricsJsonWrites) {
   StepRecord r;
   r.step = 7;
