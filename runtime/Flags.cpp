@@ -559,6 +559,17 @@ private:
         throw CLI::ConfigError(where(number) + ": the value of '" + key +
                                "' opens a quote (" + value[0] +
                                ") it does not close");
+      if (!value.empty() && (value[0] == '"' || value[0] == '\'')) {
+        // The config reader starts a comment at # or ; even inside quotes
+        // (`save-weights = "w # 2.st"` wrote to `"w`): refused, not cut.
+        std::string quoted = value.substr(1, value.find(value[0], 1) - 1);
+        if (quoted.find_first_of("#;") != std::string::npos)
+          throw CLI::ConfigError(
+              where(number) + ": the value of '" + key + "' holds '" +
+              quoted[quoted.find_first_of("#;")] +
+              "', which starts a comment in a config file even inside "
+              "quotes; give --" + key + " on the command line");
+      }
       if (!value.empty() && value[0] == '[')
         throw CLI::ConfigError(where(number) + ": '" + key +
                                "' takes one value, not a list");
