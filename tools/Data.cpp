@@ -60,6 +60,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <climits>
 #include <cstring>
 #include <csignal>
 #include <functional>
@@ -193,8 +194,29 @@ public:
 /// Maps the user's file `path` for reading, never blocking on a FIFO nor
 /// reading a device (runtime/InputFile.h); reports and returns null when it
 /// is not a regular file or cannot be read.
+/// What is being read (`input 'x.txt'`), for the SIGBUS handler: a mapped
+/// file truncated while it is read raises SIGBUS at the next page.
+char readingNow[PATH_MAX + 64];
+
+/// Ends the process with a message naming the file being read, its
+/// temporaries removed (async-signal-safe).
+void onTruncatedInput(int) {
+  mlir::fastllm::removeTemporariesNow();
+  auto say = [](const char *text) {
+    (void)!::write(2, text, std::strlen(text));
+  };
+  say("fastllm-opt data: error: ");
+  say(readingNow[0] ? readingNow : "an input");
+  say(" was truncated while it was read (a file must not change while "
+      "fastllm-opt data reads it); nothing was written\n");
+  ::_exit(1);
+}
+
 std::unique_ptr<MemoryBuffer> readUserFile(StringRef path, StringRef what,
                                            int64_t maxBytes = -1) {
+  std::string described = (what + " '" + path + "'").str();
+  described.resize(std::min(described.size(), sizeof(readingNow) - 1));
+  std::memcpy(readingNow, described.c_str(), described.size() + 1);
   fastllm::rt::InputOptions options;
   options.maxBytes = maxBytes;
   fastllm::rt::Expected<fastllm::rt::OpenedInput> in = fastllm::rt::openInput(
@@ -956,5 +978,8 @@ int main(int argc, char **argv) {
   mlir::fastllm::setUpToolProcess();
   InitLLVM y(argc, argv);
   mlir::fastllm::setUpToolSignals();
+  struct sigaction bus = {};
+  bus.sa_handler = onTruncatedInput;
+  ::sigaction(SIGBUS, &bus, nullptr);
   return dataMain(argc, argv);
 }

@@ -16,12 +16,30 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Signals.h"
 
+#include <climits>
 #include <csignal>
+#include <cstring>
 #include <string>
+
+#include <unistd.h>
 
 void mlir::fastllm::setUpToolProcess() {
   ::fastllm::rt::reserveStandardStreams();
   ::fastllm::rt::ignoreFileSizeSignal();
+}
+
+namespace {
+/// The temporaries now open, for removeTemporariesNow() in a signal
+/// handler (fixed storage: nothing allocated there).
+constexpr int kMaxTemporaries = 16;
+char temporaries[kMaxTemporaries][PATH_MAX];
+volatile sig_atomic_t temporaryUsed[kMaxTemporaries];
+} // namespace
+
+void mlir::fastllm::removeTemporariesNow() {
+  for (int i = 0; i < kMaxTemporaries; ++i)
+    if (temporaryUsed[i])
+      ::unlink(temporaries[i]);
 }
 
 void mlir::fastllm::setUpToolSignals() {
@@ -30,6 +48,17 @@ void mlir::fastllm::setUpToolSignals() {
       llvm::sys::RemoveFileOnSignal(path);
     else
       llvm::sys::DontRemoveFileOnSignal(path);
+    for (int i = 0; i < kMaxTemporaries; ++i) {
+      if (created && !temporaryUsed[i] && path.size() < PATH_MAX) {
+        std::memcpy(temporaries[i], path.c_str(), path.size() + 1);
+        temporaryUsed[i] = 1;
+        return;
+      }
+      if (!created && temporaryUsed[i] && path == temporaries[i]) {
+        temporaryUsed[i] = 0;
+        return;
+      }
+    }
   });
   // (After InitLLVM, whose handler would take SIGQUIT for a crash.)
   std::signal(SIGQUIT, [](int) { std::raise(SIGTERM); });

@@ -13,6 +13,11 @@ void setUpToolProcess();
 /// taken as SIGTERM (tools/ToolProcess.cpp).
 void setUpToolSignals();
 
+/// Removes the OutputFile temporaries open now; async-signal-safe, for a
+/// handler of the tool's own that ends the process (fastllm-data's SIGBUS:
+/// an input truncated while it is mapped).
+void removeTemporariesNow();
+
 } // namespace mlir::fastllm
 
 #endif // FASTLLM_TOOLS_TOOLPROCESS_H
