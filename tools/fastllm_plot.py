@@ -119,6 +119,18 @@ def check_pixels(size, dpi):
                         f"{MAX_PIXELS:,} (lower --dpi or --size)")
 
 
+def drawn_text(text, newlines=False):
+    """`text` as it can be drawn in every format: control characters (and
+    DEL) and the lone surrogates a file name of bytes that are not UTF-8
+    decodes to (surrogateescape) become U+FFFD; an SVG holding them is no
+    well-formed XML, and no font draws them. Newlines stay with
+    `newlines` (a --title's lines)."""
+    return "".join(
+        c if (c == "\n" and newlines) or not (
+            ord(c) < 0x20 or ord(c) == 0x7f or 0xd800 <= ord(c) <= 0xdfff)
+        else "\ufffd" for c in text)
+
+
 def set_title(fig, args, default):
     """--title wrapped to the figure's width, or `default` (it lists file
     names, so it may be long) cut to one line of it."""
@@ -126,8 +138,10 @@ def set_title(fig, args, default):
     width = max(20, int(args.size[0] * 9))  # characters of the title's font
     if args.title is not None:
         fig.suptitle("\n".join(textwrap.fill(line, width) or line
-                               for line in args.title.split("\n")))
+                               for line in drawn_text(args.title,
+                                                      newlines=True).split("\n")))
     else:
+        default = drawn_text(default)
         fig.suptitle(default if len(default) <= width
                      else default[:width - 3] + "...")
 
@@ -141,8 +155,8 @@ def short(path):
         # contents become the output folder's.
         parent = os.path.dirname(parent)
     if name in ("plan.json", "metrics.jsonl") and os.path.basename(parent):
-        return os.path.join(os.path.basename(parent), name)
-    return name
+        return drawn_text(os.path.join(os.path.basename(parent), name))
+    return drawn_text(name)
 
 
 # --- metrics ---------------------------------------------------------------
@@ -538,7 +552,7 @@ def read_trace(path):
                 raise PlotError(f"{where}: a thread_name without an \"args\" "
                                 f"object whose \"name\" is a string of at "
                                 f"most {MAX_NAME} characters")
-            names[key] = name
+            names[key] = drawn_text(name)
         elif ph == "X":
             key = (track_id(e, "pid", where), track_id(e, "tid", where))
             ts = microseconds(e, "ts", where)
@@ -792,6 +806,9 @@ def check_not_an_input(path, inputs):
 def main(argv):
     args = parse_args(argv)
     try:
+        # Agg always: a backend named in the environment is not read (an
+        # unknown one made matplotlib's import raise).
+        os.environ.pop("MPLBACKEND", None)
         import matplotlib
         matplotlib.use("Agg")
         # Text from the inputs (file names, trace and plan names, --title)

@@ -556,6 +556,24 @@ def main():
                [PLOT, "metrics", p("run$^^$.jsonl"), "-o", p("dollar.png"),
                 "--title", "$\\rule{1}$ $^^^$"], 0, None,
                [f"wrote '{p('dollar.png')}'"])
+        # Control characters in a title or a file name, and a name of
+        # bytes that are not UTF-8, are drawn as U+FFFD: an SVG holding
+        # them was no XML a viewer reads. A backend named in the
+        # environment is not read (an unknown one raised at import).
+        if not list_only:
+            shutil.copy(p("ok.jsonl"), p("ctl\x01name.jsonl"))
+            shutil.copy(p("ok.jsonl"), os.fsdecode(os.fsencode(p("")) + b"bad\xffname.jsonl"))
+        h.case("fastllm-plot metrics: control characters draw into a well-formed SVG",
+               [PLOT, "metrics", p("ctl\x01name.jsonl"),
+                os.fsdecode(os.fsencode(p("")) + b"bad\xffname.jsonl"),
+                "-o", p("ctl.svg"), "--title", "a\x01b\x1b[2J"], 0, None,
+               [f"wrote '{p('ctl.svg')}'"])
+        h.case("fastllm-plot metrics: that SVG parses as XML",
+               [PY, "-c", "import sys, xml.dom.minidom as m; m.parse(sys.argv[1]); "
+                "print('well-formed')", p("ctl.svg")], 0, None, ["well-formed"])
+        h.case("fastllm-plot metrics: MPLBACKEND=bogus draws with Agg",
+               ["env", "MPLBACKEND=bogus", PLOT, "metrics", p("ok.jsonl"), "-o",
+                p("backend.png")], 0, None, [f"wrote '{p('backend.png')}'"])
         # Values an axis cannot span (-1e308..1e308 overflows matplotlib's
         # range arithmetic) are marked like NaN, and printed apart.
         path = p("extreme.jsonl")
