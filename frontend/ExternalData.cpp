@@ -303,6 +303,8 @@ GraphImporter::readExternalData(const onnx::TensorProto &tensor,
   int fd = openRegularFile(realPath.str().str(), fileSize, openError);
   if (fd < 0)
     return fail() << openError;
+  if (options.filesRead)
+    options.filesRead->push_back(realPath.str().str());
   // Sizes are checked before anything is mapped or allocated.
   if (offset > fileSize || expectedBytes > fileSize - offset) {
     ::close(fd);

@@ -15,6 +15,8 @@
 
 #include <optional>
 #include <string>
+#include <vector>
+#include <string>
 
 namespace mlir::fastllm {
 
@@ -31,6 +33,9 @@ struct OnnxImportOptions {
   /// weight stays the same parameter (`--keep-shared-initializers`). By
   /// default it becomes a parameter of its own (see GraphImporter).
   bool keepSharedInitializers = false;
+  /// When set, receives the real path of each external-data file the
+  /// import reads (compile refuses an output that is one of them).
+  std::vector<std::string> *filesRead = nullptr;
 };
 
 /// ModelProto.metadata_props keys the export helper (tools/fastllm_export.py)

@@ -34,6 +34,8 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
@@ -186,20 +188,71 @@ public:
   }
 
   /// Moves every artifact made into the output folder, after checking that
-  /// each target is a regular file or absent, and removes the other
-  /// artifacts of an earlier run.
-  bool commit() {
+  /// each target is a regular file or absent and none is one of `inputs`
+  /// (the model and its external-data files: `-o` the model's own folder),
+  /// and removes the other artifacts of an earlier run.
+  bool commit(const std::vector<std::string> &inputs) {
     auto target = [&](StringRef name) {
       SmallString<256> p(dir);
       sys::path::append(p, name);
       return std::string(p);
     };
+    for (const char *name : kArtifacts) {
+      sys::fs::UniqueID artifact, read;
+      if (sys::fs::getUniqueID(target(name), artifact))
+        continue;
+      for (const std::string &in : inputs)
+        if (!sys::fs::getUniqueID(in, read) && read == artifact) {
+          compileError() << "'" << target(name) << "' is the input '" << in
+                         << "': an output never replaces an input; choose "
+                            "another -o (nothing was written)\n";
+          return false;
+        }
+    }
     for (const char *name : kArtifacts)
       if (std::string why = ::fastllm::rt::checkReplaceable(target(name));
           !why.empty()) {
         compileError() << why << "; nothing was written\n";
         return false;
       }
+    // What an earlier compile made here, which this one replaces or
+    // removes: the list its plan.json keeps (every artifact for a plan.json
+    // from before the list; none without a plan.json: a folder that holds
+    // a user's train_step.cu or memory.png is not a compile's).
+    llvm::StringSet<> previous;
+    if (auto old = MemoryBuffer::getFile(target("plan.json"))) {
+      Expected<json::Value> parsed = json::parse((*old)->getBuffer());
+      const json::Object *root = parsed ? parsed->getAsObject() : nullptr;
+      if (!parsed)
+        consumeError(parsed.takeError());
+      if (const json::Array *listed =
+              root ? root->getArray("artifacts") : nullptr) {
+        for (const json::Value &name : *listed)
+          if (std::optional<StringRef> text = name.getAsString())
+            previous.insert(*text);
+      } else if (root && root->get("plan")) {
+        for (const char *name : kArtifacts)
+          previous.insert(name);
+      }
+    }
+    // This compile's list, in its plan.json.
+    json::Array made;
+    for (const char *name : kArtifacts)
+      if (sys::fs::exists(path(name)))
+        made.push_back(name);
+    if (auto text = MemoryBuffer::getFile(path("plan.json"))) {
+      Expected<json::Value> parsed = json::parse((*text)->getBuffer());
+      if (!parsed) {
+        consumeError(parsed.takeError());
+      } else if (json::Object *root = parsed->getAsObject()) {
+        root->insert({"artifacts", std::move(made)});
+        std::string updated;
+        raw_string_ostream os(updated);
+        os << formatv("{0:2}", *parsed) << "\n";
+        if (!writeFile(path("plan.json"), updated))
+          return false;
+      }
+    }
     for (const char *name : kArtifacts) {
       if (sys::fs::exists(path(name))) {
         if (std::string why =
@@ -208,7 +261,7 @@ public:
           compileError() << why << "\n";
           return false;
         }
-      } else if (sys::fs::exists(target(name))) {
+      } else if (previous.contains(name) && sys::fs::exists(target(name))) {
         sys::fs::remove(target(name));
       }
     }
@@ -1107,6 +1160,9 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
   mlir::fastllm::OnnxImportOptions options;
   if (!flags.check(pipeline, options))
     return 1;
+  // The files the model is read from: no artifact may replace one.
+  std::vector<std::string> inputsRead = {flags.input};
+  options.filesRead = &inputsRead;
 
   PhaseTimer timer(flags.timePhases);
   mlir::fastllm::DriverContext driver;
@@ -1137,7 +1193,7 @@ int mlir::fastllm::compileMain(int argc, char **argv) {
   if (!output.create(flags.outDir) ||
       !writeArtifacts(*module, *plan, flags, output, timer))
     return 1;
-  if (!output.commit())
+  if (!output.commit(inputsRead))
     return 1;
   timer.total();
   return 0;
