@@ -470,9 +470,9 @@ struct SentencePieceFlags {
   uint64_t trainSentences; // --sp-train-sentences
 };
 
-/// Trains a SentencePiece model on the lines of `inputs`, writes it to
-/// `flags.modelOut` and returns its bytes; reports and returns nothing on
-/// failure (nothing is written then).
+/// Trains a SentencePiece model on the lines of `inputs` and returns its
+/// bytes (written to `flags.modelOut` with the token files, all or none);
+/// reports and returns nothing on failure.
 std::optional<std::string> trainModel(ArrayRef<std::string> inputs,
                                       StringRef jsonlField,
                                       const SentencePieceFlags &flags) {
@@ -508,13 +508,6 @@ std::optional<std::string> trainModel(ArrayRef<std::string> inputs,
                 << " pieces on this text: " << status.ToString() << "\n";
     return std::nullopt;
   }
-  if (std::string why =
-          ::fastllm::rt::writeFileAtomically(flags.modelOut, model);
-      !why.empty()) {
-    dataError() << why << "\n";
-    return std::nullopt;
-  }
-  outs() << "wrote '" << flags.modelOut << "': the SentencePiece model\n";
   return model;
 }
 
@@ -523,13 +516,16 @@ std::optional<std::string> trainModel(ArrayRef<std::string> inputs,
 std::optional<Encoder> makeEncoder(bool sentencePiece,
                                    const SentencePieceFlags &flags,
                                    ArrayRef<std::string> inputs,
-                                   StringRef jsonlField, bool endOfDocument) {
+                                   StringRef jsonlField, bool endOfDocument,
+                                   std::string *trained = nullptr) {
   if (!sentencePiece)
     return Encoder(endOfDocument);
   if (flags.trainVocab > 0) {
     std::optional<std::string> model = trainModel(inputs, jsonlField, flags);
     if (!model)
       return std::nullopt;
+    if (trained)
+      *trained = *model;
     return Encoder::sentencePiece(*model, flags.modelOut, endOfDocument);
   }
   // SentencePiece models are megabytes; 1 GiB is far beyond any.
@@ -631,10 +627,14 @@ std::optional<uint64_t> countTokens(Encoder &encoder,
   return total;
 }
 
+/// Writes the token files of `inputs` (and `trainedModel`, when given, to
+/// `modelPath`): all put in place together at the end, or none.
 int writeTokenFiles(Encoder &encoder, ArrayRef<std::string> inputs,
                     StringRef jsonlField, const std::string &output,
                     const std::string &valOutput, double valFraction,
-                    std::optional<uint64_t> counted, bool overwrite) {
+                    std::optional<uint64_t> counted, bool overwrite,
+                    const std::string *trainedModel = nullptr,
+                    const std::string &modelPath = "") {
   if (!counted)
     counted = countTokens(encoder, inputs, jsonlField);
   if (!counted)
@@ -680,31 +680,50 @@ int writeTokenFiles(Encoder &encoder, ArrayRef<std::string> inputs,
             return encoder.encode(text, sink);
           })))
       break;
-  if (!ok || !train.finish() || (val && !val->finish())) {
-    std::string why = !train.error().empty() ? train.error()
-                      : val                  ? val->error()
-                                             : "";
+  std::optional<fastllm::rt::OutputFile> model;
+  if (trainedModel) {
+    model.emplace(modelPath);
+    if (!model->open() || !model->write(*trainedModel))
+      ok = false;
+  }
+  auto removeAll = [&] {
+    ::unlink(train.temporary().c_str());
+    if (val)
+      ::unlink(val->temporary().c_str());
+    if (model)
+      ::unlink(model->temporaryPath().c_str());
+  };
+  if (!ok || !train.finish() || (val && !val->finish()) ||
+      (model && !model->finishWithoutRename())) {
+    std::string why = !train.error().empty()           ? train.error()
+                      : val && !val->error().empty()   ? val->error()
+                      : model && !model->error().empty() ? model->error()
+                                                         : "";
     if (!why.empty())
       dataError() << why << "\n";
-    ::unlink(train.temporary().c_str());
-    if (val)
-      ::unlink(val->temporary().c_str());
+    removeAll();
     return 1;
   }
-  // Both complete before either is put in place: a run interrupted while
-  // the files are synced leaves neither (not a training file without its
-  // validation file).
+  // All complete before any is put in place: a run interrupted while the
+  // files are synced leaves none (not a training file without its
+  // validation file, nor a trained model without its tokens).
+  std::vector<std::pair<std::string, std::string>> renames = {
+      {train.temporary(), train.path()}};
+  if (val)
+    renames.push_back({val->temporary(), val->path()});
+  if (model)
+    renames.push_back({model->temporaryPath(), modelPath});
   std::string why;
-  for (TokenWriter *w : {&train, val ? &*val : nullptr})
-    if (w && why.empty())
-      why = fastllm::rt::renameInto(w->temporary(), w->path(), overwrite);
+  for (const auto &[from, to] : renames)
+    if (why.empty())
+      why = fastllm::rt::renameInto(from, to, overwrite);
   if (!why.empty()) {
     dataError() << why << "\n";
-    ::unlink(train.temporary().c_str());
-    if (val)
-      ::unlink(val->temporary().c_str());
+    removeAll();
     return 1;
   }
+  if (model)
+    outs() << "wrote '" << modelPath << "': the SentencePiece model\n";
   outs() << "wrote '" << output << "': " << train.tokens() << " tokens ("
          << (encoder.bytesPerToken() == 2 ? "u16" : "u32")
          << " ids, vocabulary " << vocabulary << ")\n";
@@ -963,12 +982,15 @@ static int dataMain(int argc, char **argv) {
       return 1;
     counted = **walled;
   }
-  std::optional<Encoder> encoder =
-      makeEncoder(sentencePiece, sp, inputs, jsonlField, endOfDocument);
+  std::string trained;
+  std::optional<Encoder> encoder = makeEncoder(sentencePiece, sp, inputs,
+                                               jsonlField, endOfDocument,
+                                               &trained);
   if (!encoder)
     return 1;
   return writeTokenFiles(*encoder, inputs, jsonlField, output, valOutput,
-                         valFraction, counted, overwrite);
+                         valFraction, counted, overwrite,
+                         sp.trainVocab > 0 ? &trained : nullptr, sp.modelOut);
 }
 
 /// fastllm-data: `fastllm-opt data` runs it with its own arguments (argv[0]
