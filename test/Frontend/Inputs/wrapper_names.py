@@ -25,6 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)),
                                 "..", "..", "..", "tools"))
 from fastllm_weights import WeightsError, load_state_dict  # noqa: E402
+from container_models import Model as ContainerModel  # noqa: E402  (beside this file)
 
 
 class Block(nn.Module):
@@ -42,26 +43,11 @@ class Block(nn.Module):
         return x + self.apply_layer("a", x)
 
 
-class Model(nn.Module):
-    def __init__(self, vocab=64, dim=16):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList([Block(dim) for _ in range(2)])
-        self.head = nn.Linear(dim, vocab, bias=False)
-
-    def forward(self, idx, targets):
-        x = self.wte(idx)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(x)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-
 def main():
     out, fastllm_opt = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
-    model = Model()
+    model = ContainerModel(block=Block)
     idx = torch.randint(0, 64, (2, 8))
     onnx_path = os.path.join(out, "model.onnx")
     torch.onnx.export(model, (idx, idx), onnx_path)
