@@ -257,6 +257,15 @@ Status truncateMetrics(const std::string &path, int64_t step,
   std::vector<char> chunk(size_t(1) << 20);
   int64_t number = 0;
   bool done = false;
+  // Losses compare as numbers: "5.627004620" is the checkpoint's
+  // "5.62700462"; NaN matches NaN.
+  auto sameLoss = [](const std::string &a, const std::string &b) {
+    auto value = [](const std::string &text) {
+      return text == "NaN" ? std::nan("") : std::strtod(text.c_str(), nullptr);
+    };
+    double x = value(a), y = value(b);
+    return !a.empty() && (x == y || (std::isnan(x) && std::isnan(y)));
+  };
   auto refuse = [&](const std::string &why) {
     return errorf("--metrics '%s' is not this run's metrics file (line %lld "
                   "%s); it is left as it is: move it away or choose another "
@@ -282,17 +291,8 @@ Status truncateMetrics(const std::string &path, int64_t step,
       if (parsed->step > uint64_t(step)) {
         done = true; // a later step of this run: dropped with the rest
       } else {
-        // (Compared as numbers: "5.627004620" is the checkpoint's
-        // "5.62700462"; NaN matches NaN.)
-        auto value = [](const std::string &text) {
-          return text == "NaN" ? std::nan("") : std::strtod(text.c_str(), nullptr);
-        };
-        auto same = [&](const std::string &a, const std::string &b) {
-          double x = value(a), y = value(b);
-          return !a.empty() && (x == y || (std::isnan(x) && std::isnan(y)));
-        };
         if (int64_t(parsed->step) == step && !loss.empty() &&
-            !same(parsed->loss, loss))
+            !sameLoss(parsed->loss, loss))
           return refuse("has step " + std::to_string(step) + "'s loss " +
                         (parsed->loss.empty() ? "missing" : parsed->loss) +
                         ", the checkpoint's is " + loss);

@@ -235,24 +235,6 @@ public:
           previous.insert(name);
       }
     }
-    // This compile's list, in its plan.json.
-    json::Array made;
-    for (const char *name : kArtifacts)
-      if (sys::fs::exists(path(name)))
-        made.push_back(name);
-    if (auto text = MemoryBuffer::getFile(path("plan.json"))) {
-      Expected<json::Value> parsed = json::parse((*text)->getBuffer());
-      if (!parsed) {
-        consumeError(parsed.takeError());
-      } else if (json::Object *root = parsed->getAsObject()) {
-        root->insert({"artifacts", std::move(made)});
-        std::string updated;
-        raw_string_ostream os(updated);
-        os << formatv("{0:2}", *parsed) << "\n";
-        if (!writeFile(path("plan.json"), updated))
-          return false;
-      }
-    }
     for (const char *name : kArtifacts) {
       if (sys::fs::exists(path(name))) {
         if (std::string why =
@@ -330,9 +312,12 @@ static Report makeReport(const mlir::fastllm::MemoryPlan &plan) {
           plan.dataParallel > 1 ? 16 : 0};
 }
 
+/// `artifacts`: what this compile writes to the folder (artifactsOf), which
+/// the next compile into it may remove (StagedOutput::commit).
 static std::string planJson(ModuleOp module,
                             const mlir::fastllm::MemoryPlan &plan,
-                            StringRef target) {
+                            StringRef target,
+                            const std::vector<std::string> &artifacts) {
   json::Array params;
   for (auto p : module.getOps<mlir::fastllm::model::ParameterOp>()) {
     json::Array shape;
@@ -371,6 +356,7 @@ static std::string planJson(ModuleOp module,
       {"producer",
        std::string("fastllm-opt ") + ::fastllm::rt::versionString()},
       {"target", target.str()},
+      {"artifacts", json::Array(ArrayRef<std::string>(artifacts))},
       {"plan", std::move(fields)},
       {"stages", std::move(stages)},
       {"grad_slots", slots(plan.gradSlotOffsets, plan.gradSlotElements)},
@@ -1053,6 +1039,24 @@ static bool drawMemoryChart(StringRef planJson, StringRef png, StringRef log) {
 }
 
 /// Writes the artifacts `flags.emit` asks for into the staging folder of
+/// The artifacts a successful compile with `flags` writes to its folder.
+static std::vector<std::string> artifactsOf(const CompileFlags &flags) {
+  std::vector<std::string> names = {"plan.mlir", "plan.json"};
+  if (flags.reportChart)
+    names.push_back("memory.png");
+  if (flags.emit != "mlir") {
+    names.push_back(
+        mlir::fastllm::TargetDescription::get(flags.emitTarget())
+            .sourceFile.str());
+    names.push_back("weights.safetensors");
+  }
+  if (flags.emit == "binary") {
+    names.push_back("build.log");
+    names.push_back("train");
+  }
+  return names;
+}
+
 /// `output` and builds the binary; the caller commits.
 static bool writeArtifacts(ModuleOp module,
                            const mlir::fastllm::MemoryPlan &plan,
@@ -1078,7 +1082,8 @@ static bool writeArtifacts(ModuleOp module,
                OpPrintingFlags().elideLargeElementsAttrs(64).useLocalScope());
   os << "\n";
   if (!writeFile(path("plan.mlir"), text) ||
-      !writeFile(path("plan.json"), planJson(module, plan, flags.target)))
+      !writeFile(path("plan.json"),
+                 planJson(module, plan, flags.target, artifactsOf(flags))))
     return false;
   if (flags.report)
     printReport(plan, outs());

@@ -106,11 +106,7 @@ def main():
     results.append((not worst <= LOSS_RTOL,
                     "--decay '.*' against PyTorch's default groups fails the bound",
                     f"max rel diff {worst:.2e}"))
-    passed = sum(ok for ok, _, _ in results)
-    for ok, name, detail in results:
-        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
-    print(f"decay groups tests: {passed} passed, {len(results) - passed} failed")
-    sys.exit(0 if passed == len(results) else 1)
+    sys.exit(torch_reference.report(results, "decay groups"))
 
 
 if __name__ == "__main__":

@@ -372,11 +372,7 @@ def main():
                     "the same with --freeze deciding it: compiles and trains",
                     err or f"{len(losses)} steps"))
 
-    passed = sum(ok for ok, _, _ in results)
-    for ok, name, detail in results:
-        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
-    print(f"folded rows tests: {passed} passed, {len(results) - passed} failed")
-    sys.exit(0 if passed == len(results) else 1)
+    sys.exit(torch_reference.report(results, "folded rows"))
 
 
 if __name__ == "__main__":

@@ -89,3 +89,14 @@ def train(model, params, batches, hp, before_step=None, decayed=None):
         opt.step()
         losses.append(float(loss))
     return losses
+
+
+def report(results, label):
+    """Prints each (ok, name, detail) of `results` as PASS/FAIL lines and the
+    closing `LABEL tests: P passed, F failed` line the harness reads; the
+    exit status to end with (1 when any failed)."""
+    passed = sum(ok for ok, _, _ in results)
+    for ok, name, detail in results:
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    print(f"{label} tests: {passed} passed, {len(results) - passed} failed")
+    return 0 if passed == len(results) else 1
