@@ -100,6 +100,30 @@ def compile_bench(tool, work, batch, precision):
     return argv
 
 
+def from_prepared(prepared):
+    """What --prepare left in `prepared`, with weights made for its plan when
+    missing: (export argv, batch, precision, the run folder)."""
+    meta = json.load(open(os.path.join(prepared, "bench.json")))
+    out = os.path.join(prepared, "run")
+    weights = os.path.join(out, "weights.safetensors")
+    if not os.path.exists(weights):
+        sys.path.insert(0, HERE)
+        import random_weights
+        random_weights.write(os.path.join(out, "plan.json"), weights)
+    return meta["argv"], meta["batch"], meta["precision"], out
+
+
+def token_file(work):
+    """4M random GPT-2 token ids (uint16) in work/tokens.u16."""
+    import array
+    import random
+    rng = random.Random(0)
+    data = os.path.join(work, "tokens.u16")
+    with open(data, "wb") as f:
+        array.array("H", (rng.randrange(VOCAB) for _ in range(4 * 1024 * 1024))).tofile(f)
+    return data
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tool", default=os.path.join(ROOT, "build", "bin", "fastllm-opt"))
@@ -140,26 +164,14 @@ def main():
 
     work = tempfile.mkdtemp(prefix="gpu-bench-")
     if args.prepared:
-        meta = json.load(open(os.path.join(args.prepared, "bench.json")))
-        argv, args.batch, args.precision = meta["argv"], meta["batch"], meta["precision"]
-        out = os.path.join(args.prepared, "run")
-        weights = os.path.join(out, "weights.safetensors")
-        if not os.path.exists(weights):
-            sys.path.insert(0, HERE)
-            import random_weights
-            random_weights.write(os.path.join(out, "plan.json"), weights)
+        argv, args.batch, args.precision, out = from_prepared(args.prepared)
     else:
         argv = compile_bench(args.tool, work, args.batch, args.precision)
         out = os.path.join(work, "run")
     cfg = export_models.parse_args(argv)
     plan = json.load(open(os.path.join(out, "plan.json")))
     n_params = sum(math.prod(p["shape"]) for p in plan["params"])
-    import array
-    import random
-    rng = random.Random(0)
-    data = os.path.join(work, "tokens.u16")
-    array.array("H", (rng.randrange(VOCAB) for _ in range(4 * 1024 * 1024))).tofile(
-        open(data, "wb"))
+    data = token_file(work)
     metrics = os.path.join(out, "metrics.jsonl")
     subprocess.run([os.path.join(out, "train"), "--data", data, "--steps", str(args.steps),
                     "--lr", "3e-4", "--metrics", metrics, "--overwrite"], check=True)

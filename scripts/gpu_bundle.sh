@@ -18,7 +18,8 @@
 #   lib/    the shared libraries those binaries load that are neither CUDA's
 #           nor the C runtime's (Open MPI's, libomp, OpenBLAS); one process
 #           without mpirun never initialises MPI, so they only need loading
-#   run.sh  runs everything with those libraries and NCCL (PyTorch's pip
+#   run.sh  runs everything (bench/gpu_profile.py too: the benchmark's step
+#           kernel by kernel under ncu) with those libraries and NCCL (PyTorch's pip
 #           package there) on the library path; prints one line per check
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -92,7 +93,11 @@ check "generated-step smoke" smoke.log "$here/bin/fastllm-cuda-generated-smoke"
 check "CUDA kernels vs CPU" kernels.log "$here/bin/fastllm-cuda-kernel-tests"
 check "CUDA device code vs CPU" device.log "$here/bin/fastllm-cuda-device-tests"
 check "training vs CPU and PyTorch" e2e.log "$py" "$root/test/EndToEnd/cuda_vs_cpu.py" --from "$here/e2e"
-[[ -d $here/bench ]] && check "GPT-2 124M benchmark" bench.log "$py" "$root/bench/gpu_bench.py" --from "$here/bench"
+if [[ -d $here/bench ]]; then
+  check "GPT-2 124M benchmark" bench.log "$py" "$root/bench/gpu_bench.py" --from "$here/bench"
+  check "GPT-2 124M step, kernel by kernel (ncu)" profile.log "$py" "$root/bench/gpu_profile.py" \
+    --from "$here/bench" --csv "$logs/step_kernels.csv"
+fi
 echo
 printf '%s\n' "${summary[@]}"
 [[ "${summary[*]}" != *FAIL* ]]
