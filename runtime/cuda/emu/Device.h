@@ -44,7 +44,8 @@ enum class WarpOpKind : int {
   ShuffleDown,
   ShuffleUp,
   ShuffleIdx,
-  Wmma, ///< load, store, mma and fill of WMMA fragments
+  Wmma,    ///< load, store, mma and fill of WMMA fragments
+  Combine, ///< warpCombine: mma.sync, ldmatrix
 };
 
 /// Waits at the block's barrier (__syncthreads at file:line).
@@ -58,6 +59,32 @@ void syncThreads(const char *file, int line);
 uint64_t warpOp(WarpOpKind kind, unsigned mask, uint64_t bits, int size,
                 int arg, int width, const void *key, int keyBytes,
                 const char *file, int line);
+
+/// What warpCombine runs once all 32 lanes are there: `lanes[l]` is lane
+/// l's `data`.
+using WarpCombineFn = void (*)(void *const lanes[32]);
+
+/// A warp-collective instruction of the full warp (mma.sync, ldmatrix): when
+/// all 32 lanes have called it with the same `fn` and `tag`, runs `fn` once
+/// over their `data` (each lane's operands and where its results go) before
+/// any lane goes on, so every lane sees the others' operands as they were
+/// at the call.
+void warpCombine(WarpCombineFn fn, int tag, void *data, const char *file,
+                 int line);
+
+/// cp.async: copies `bytes` (4, 8 or 16) from global `src` to shared `dst`,
+/// `srcBytes` < `bytes` of them read and the rest zeros (0: nothing read).
+/// Under the in-order schedule, at this thread's asyncWait that covers it,
+/// so that a kernel that reads `dst` before waiting reads what was there
+/// (0xff bytes in a fresh block); under the adversarial one at once, so
+/// that a refill of a buffer other warps still read overwrites it early.
+void asyncCopy(void *dst, const void *src, int bytes, int srcBytes);
+/// cp.async.commit_group: this thread's copies since the last commit form a
+/// group.
+void asyncCommit();
+/// cp.async.wait_group: completes this thread's committed groups but the
+/// `pending` most recent.
+void asyncWait(int pending);
 
 /// The block's dynamic shared memory (the launch's third parameter), 128-byte
 /// aligned; filled with 0xff bytes (NaN as floats) when the block starts.

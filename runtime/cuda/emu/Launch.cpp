@@ -115,6 +115,15 @@ struct PendingOp {
   uint64_t result;
 };
 
+/// A cp.async copy not yet done: it belongs to the group `group` (the
+/// thread's commits before it was issued).
+struct AsyncCopy {
+  void *dst;
+  const void *src;
+  int bytes, srcBytes;
+  int group;
+};
+
 struct Thread {
   ctx::fiber fiber; ///< the thread, while it is suspended
   ctx::fiber sink;  ///< the scheduler, while the thread runs
@@ -124,6 +133,8 @@ struct Thread {
   PendingOp op;
   const char *barrierFile = nullptr;
   int barrierLine = 0;
+  std::vector<AsyncCopy> asyncCopies; ///< issued, not yet waited for
+  int commits = 0;                    ///< cp.async.commit_group so far
 };
 
 /// Stacks for the fibers, kept between blocks and launches.
@@ -208,6 +219,8 @@ const char *opName(WarpOpKind k) {
     return "__shfl_sync";
   case WarpOpKind::Wmma:
     return "a wmma operation";
+  case WarpOpKind::Combine:
+    return "a warp-collective instruction (mma.sync, ldmatrix)";
   }
   return "a warp operation";
 }
@@ -265,7 +278,8 @@ bool tryCompleteWarpOp(Block &b, int w, const Thread &arriving) {
     if (o.kind != mine.kind || o.mask != mine.mask || o.size != mine.size ||
         o.keyBytes != mine.keyBytes ||
         std::memcmp(o.key, mine.key, size_t(mine.keyBytes)) ||
-        (mine.kind == WarpOpKind::Wmma && o.arg != mine.arg)) {
+        ((mine.kind == WarpOpKind::Wmma || mine.kind == WarpOpKind::Combine) &&
+         o.arg != mine.arg)) {
       char m[320];
       std::snprintf(m, sizeof(m),
                     "%s with mask 0x%08x meets lane %d in %s with mask 0x%08x "
@@ -292,11 +306,21 @@ bool tryCompleteWarpOp(Block &b, int w, const Thread &arriving) {
                   baseName(t.op.file), t.op.line);
     blockFatal(b, &arriving, mine.file, mine.line, m);
   }
+  if (mine.kind == WarpOpKind::Combine) {
+    // Every lane's operands, then the instruction, once, for the warp.
+    void *data[32];
+    for (int l = 0; l < 32; ++l)
+      data[l] = reinterpret_cast<void *>(uintptr_t(lanes[l].op.bits));
+    WarpCombineFn fn;
+    std::memcpy(&fn, mine.key, sizeof(fn));
+    fn(data);
+  }
   for (int l = 0; l < 32; ++l) {
     if (!(mine.mask >> l & 1))
       continue;
     Thread &t = lanes[l];
-    if (mine.kind != WarpOpKind::SyncWarp && mine.kind != WarpOpKind::Wmma) {
+    if (mine.kind != WarpOpKind::SyncWarp && mine.kind != WarpOpKind::Wmma &&
+        mine.kind != WarpOpKind::Combine) {
       int src = sourceLane(t.op, l);
       if (src >= 0 && !(mine.mask >> src & 1)) {
         char m[160];
@@ -492,6 +516,53 @@ uint64_t fastllm::emu::warpOp(WarpOpKind kind, unsigned mask, uint64_t bits,
   if (!complete || schedule() == Schedule::InOrder)
     yield(t);
   return t.op.result;
+}
+
+void fastllm::emu::warpCombine(WarpCombineFn fn, int tag, void *data,
+                               const char *file, int line) {
+  // The function is the key every lane must pass alike; the tag (the
+  // instruction's variant) is compared as a WMMA operation's is.
+  warpOp(WarpOpKind::Combine, 0xffffffffu, uint64_t(uintptr_t(data)), 8, tag,
+         32, &fn, int(sizeof(fn)), file, line);
+}
+
+void fastllm::emu::asyncCopy(void *dst, const void *src, int bytes,
+                             int srcBytes) {
+  Thread &t = self();
+  if ((bytes != 4 && bytes != 8 && bytes != 16) || srcBytes < 0 ||
+      srcBytes > bytes)
+    deviceFatal(__FILE__, __LINE__, "cp.async of %d bytes (%d from global)",
+                bytes, srcBytes);
+  if (reinterpret_cast<uintptr_t>(dst) % unsigned(bytes) ||
+      (srcBytes && reinterpret_cast<uintptr_t>(src) % unsigned(bytes)))
+    deviceFatal(__FILE__, __LINE__,
+                "cp.async of %d bytes: %p -> %p is not %d-byte aligned", bytes,
+                src, dst, bytes);
+  t.asyncCopies.push_back({dst, src, bytes, srcBytes, t.commits});
+  // The adversarial schedule lands the copy at once, so that one into a
+  // buffer other warps still read (a missing barrier before the refill)
+  // shows; the in-order one at the wait, so that a read before the wait
+  // shows.
+  if (schedule() == Schedule::Adversarial)
+    asyncWait(-1); // every copy, committed or not
+}
+
+void fastllm::emu::asyncCommit() { ++self().commits; }
+
+void fastllm::emu::asyncWait(int pending) {
+  Thread &t = self();
+  const int done = t.commits - pending; // groups below this one complete
+  auto keep = t.asyncCopies.begin();
+  for (AsyncCopy &c : t.asyncCopies) {
+    if (c.group < done) {
+      std::memcpy(c.dst, c.src, size_t(c.srcBytes));
+      std::memset(static_cast<char *>(c.dst) + c.srcBytes, 0,
+                  size_t(c.bytes - c.srcBytes));
+    } else {
+      *keep++ = c;
+    }
+  }
+  t.asyncCopies.erase(keep, t.asyncCopies.end());
 }
 
 void *fastllm::emu::dynamicShared() {

@@ -13,8 +13,10 @@
 // tiles up to the diagonal. The backward runs one kernel with a block per 32
 // key rows (dK, dV) walking the query tiles from the diagonal down, then one
 // with a block per 32 query rows (dQ) walking the key tiles up to the
-// diagonal; no atomics. bf16 with head dims multiples of 16
-// (tensorCoreAttentionShape) runs on tensor cores instead
+// diagonal; no atomics. bf16 with d = dv in {16, 32, 64, 128}
+// (flashAttentionShape) runs in registers on tensor cores instead
+// (FlashAttention.cu), other head dims multiples of 16
+// (tensorCoreAttentionShape) on tensor cores through shared memory
 // (AttentionTensorCore.cu).
 //
 //===----------------------------------------------------------------------===//
@@ -410,7 +412,8 @@ void causalAttention(T *out, float *lse, const T *q, const T *k, const T *v,
   if (batch == 0 || t == 0)
     return;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (detail::tensorCoreAttention(out, lse, q, k, v, batch, t, d, dv, scale))
+    if (detail::flashAttention(out, lse, q, k, v, batch, t, d, dv, scale) ||
+        detail::tensorCoreAttention(out, lse, q, k, v, batch, t, d, dv, scale))
       return;
   }
   const size_t bytes =
@@ -431,7 +434,9 @@ void causalAttentionGrad(T *dQ, T *dK, T *dV, const T *q, const T *k,
   if (batch == 0 || t == 0)
     return;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (detail::tensorCoreAttentionGrad(dQ, dK, dV, q, k, v, out, lse, dout,
+    if (detail::flashAttentionGrad(dQ, dK, dV, q, k, v, out, lse, dout, batch,
+                                   t, d, dv, scale) ||
+        detail::tensorCoreAttentionGrad(dQ, dK, dV, q, k, v, out, lse, dout,
                                         batch, t, d, dv, scale))
       return;
   }

@@ -39,6 +39,24 @@ void reserveSharedMemory(Kernel *kernel, size_t bytes, const char *caller,
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
+/// causalAttention of bf16 in FlashAttention.cu's kernels, when the head
+/// dims (flashAttentionShape), the sizes, the pointers' alignment and the
+/// GPU's shared memory allow: launches it and returns true, or launches
+/// nothing and returns false.
+bool flashAttention(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
+                    const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                    int64_t batch, int64_t t, int64_t d, int64_t dv,
+                    float scale);
+
+/// causalAttentionGrad of bf16 in FlashAttention.cu's kernels, as
+/// flashAttention; also declines when dQ's memory overlaps an input's.
+bool flashAttentionGrad(__nv_bfloat16 *dQ, __nv_bfloat16 *dK,
+                        __nv_bfloat16 *dV, const __nv_bfloat16 *q,
+                        const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                        const __nv_bfloat16 *out, const float *lse,
+                        const __nv_bfloat16 *dout, int64_t batch, int64_t t,
+                        int64_t d, int64_t dv, float scale);
+
 /// attentionSharedBytes of the tensor-core kernels (Tc*).
 size_t tensorCoreSharedBytes(AttentionKernel kernel, int64_t d, int64_t dv);
 

@@ -139,6 +139,11 @@ size_t attentionSharedBytes(AttentionKernel kernel, int64_t d, int64_t dv);
 /// aligned and the GPU has the shared memory they need.
 bool tensorCoreAttentionShape(int64_t d, int64_t dv);
 
+/// Whether head dims d and dv have the register-resident kernels of
+/// FlashAttention.cu (d = dv in {16, 32, 64, 128}); bf16 attention uses them
+/// before the tensor-core ones, on the same conditions.
+bool flashAttentionShape(int64_t d, int64_t dv);
+
 } // namespace fastllm::rt::cuda::detail
 
 #endif // FASTLLM_RUNTIME_CUDA_KERNELS_PLANS_CUH

@@ -21,6 +21,7 @@
 
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/Kernels.cuh"
+#include "runtime/cuda/kernels/Mma.cuh"
 #include "runtime/cuda/kernels/Plans.cuh"
 
 #include <gtest/gtest.h>
@@ -1558,20 +1559,90 @@ TEST_F(CudaKernels, Bf16RmsNormAndGrad) {
   EXPECT_EQ(bitsOf(gxOnly.download()), bitsOf(gx.download()));
 }
 
+namespace {
+
+/// One warp: C = A·B for bf16 A [16][16] and B [16][16] (row-major in
+/// global memory), twice: with B's fragments read by ldmatrix from Bᵀ
+/// (cBt) and by ldmatrix.trans from B (cB); A through ldmatrix, C and the
+/// accumulators written from the fragment layout Mma.cuh documents. The
+/// 16-byte copies go through cp.async.
+__global__ void mmaFragmentsKernel(float *cBt, float *cB, const bf16 *a,
+                                   const bf16 *b) {
+  namespace m = rt::cuda::mma;
+  __shared__ __align__(16) bf16 as[16][16], bs[16][16], bts[16][16];
+  const int lane = threadIdx.x, g = lane / 4, c = lane % 4, mi = lane / 8;
+  // 32 lanes x 16 bytes = 512 bytes = A; the same for B.
+  m::cpAsync16(&as[lane / 2][lane % 2 * 8], a + lane * 8, 16);
+  m::cpAsync16(&bs[lane / 2][lane % 2 * 8], b + lane * 8, 16);
+  m::cpAsyncCommit();
+  m::cpAsyncWait<0>();
+  __syncwarp();
+  for (int e = lane; e < 256; e += 32)
+    bts[e % 16][e / 16] = bs[e / 16][e % 16];
+  __syncwarp();
+  uint32_t af[4], bt[4], bn[4];
+  m::ldmatrixX4(af, &as[(mi % 2) * 8 + lane % 8][(mi / 2) * 8]);
+  // Bᵀ's rows are B's columns: matrices (n block, k block) in the order
+  // (0,0), (0,1), (1,0), (1,1) give b0, b1 of n-tiles 0 and 8.
+  m::ldmatrixX4(bt, &bts[(mi / 2) * 8 + lane % 8][(mi % 2) * 8]);
+  // B's rows are k: matrices (k block, n block) (0,0), (1,0), (0,1), (1,1).
+  m::ldmatrixX4Trans(bn, &bs[(mi % 2) * 8 + lane % 8][(mi / 2) * 8]);
+  float d[4][4] = {};
+  m::mmaBf16(d[0], af, bt[0], bt[1]);
+  m::mmaBf16(d[1], af, bt[2], bt[3]);
+  m::mmaBf16(d[2], af, bn[0], bn[1]);
+  m::mmaBf16(d[3], af, bn[2], bn[3]);
+  for (int f = 0; f < 4; ++f)
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + 8 * (e / 2), col = (f % 2) * 8 + 2 * c + e % 2;
+      (f < 2 ? cBt : cB)[row * 16 + col] = d[f][e];
+    }
+}
+
+} // namespace
+
+// Tests the warp-level primitives of the register-resident kernels against
+// a product on the host: on a GPU this checks the fragment layouts that
+// Mma.cuh documents (and the emulation implements) against the hardware.
+// bf16 products are exact in fp32; 16 of them summed differ from the
+// host's double sum by rounding alone.
+TEST_F(CudaKernels, MmaFragmentsMatchTheHost) {
+  auto a = randomReals(256, -2, 2), b = randomReals(256, -2, 2);
+  DeviceArray<bf16> da(roundToBf16(a)), db(roundToBf16(b));
+  DeviceArray<float> cBt(256), cB(256);
+  FASTLLM_LAUNCH(1, 32, 0, rt::cuda::stream(), mmaFragmentsKernel)
+  (cBt.get(), cB.get(), da.get(), db.get());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<float> want(256);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      double sum = 0;
+      for (int x = 0; x < 16; ++x)
+        sum += double(a[i * 16 + x]) * b[x * 16 + j];
+      want[i * 16 + j] = float(sum);
+    }
+  EXPECT_TRUE(near(cBt.download(), want, 1e-5));
+  EXPECT_TRUE(near(cB.download(), want, 1e-5));
+}
+
 // Tests bf16 causal attention (bf16 q, k, v, out; float lse) and its
 // gradients, on lengths below and above the tiles and head dims d ≠ dv: the
-// scalar kernels (dims not multiples of 16) and the tensor-core ones (one
-// token, exactly one 64-row tile, tiles past t, d ≠ dv, d = 128).
+// scalar kernels (dims not multiples of 16), the tensor-core ones through
+// shared memory (d ≠ dv, d = 48) and the register-resident ones (d = dv of
+// 16, 32, 64, 128: one token, exactly one 64-row tile, tiles past t).
 TEST_F(CudaKernels, Bf16CausalAttentionAndGrad) {
   struct Case {
     int64_t batch, t, d, dv;
   };
   for (Case c : {Case{3, 33, 16, 24}, Case{1, 129, 40, 17}, Case{2, 70, 64, 64},
                  Case{3, 1, 16, 16}, Case{1, 64, 32, 16}, Case{2, 130, 64, 64},
-                 Case{1, 200, 128, 128}}) {
+                 Case{1, 200, 128, 128}, Case{2, 190, 32, 32},
+                 Case{1, 96, 48, 48}}) {
     SCOPED_TRACE(::testing::Message()
                  << "batch " << c.batch << " t " << c.t << " d " << c.d
-                 << " dv " << c.dv << " tensor cores "
+                 << " dv " << c.dv << " in registers "
+                 << rt::cuda::detail::flashAttentionShape(c.d, c.dv)
+                 << " tensor cores "
                  << rt::cuda::detail::tensorCoreAttentionShape(c.d, c.dv));
     const float scale = 1.f / std::sqrt(float(c.d));
     const int64_t qSize = c.batch * c.t * c.d, vSize = c.batch * c.t * c.dv;

@@ -4,12 +4,14 @@
 // the emulator promises beyond running correct code: exact shuffles, a
 // barrier or warp operation that not every named lane reaches reported as an
 // error, shared memory per block, the launch limits of an H100 reported
-// through cudaGetLastError, WMMA's rules, and the stream modes' ordering.
+// through cudaGetLastError, WMMA's rules, cp.async and ldmatrix, and the
+// stream modes' ordering.
 // Run under both schedules (ctest), like the kernel tests.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/Launch.cuh"
+#include "runtime/cuda/kernels/Mma.cuh"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +19,10 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -255,6 +260,53 @@ TEST(CudaEmulation, WmmaMultipliesAndChecksItsRules) {
         cudaDeviceSynchronize();
       },
       "is not 32-byte aligned");
+}
+
+/// Lane 0 copies in[0..4) and zeros into dynamic shared memory by cp.async
+/// and reads the first element before and after the wait; lanes 0..31 then
+/// give ldmatrix rows of different alignment (`misaligned`: lane 5's is 8
+/// bytes off).
+__global__ void asyncCopyKernel(float *out, const float *in, bool misaligned) {
+  namespace m = fastllm::rt::cuda::mma;
+  FASTLLM_DYNAMIC_SHARED(float, s, 16);
+  if (threadIdx.x == 0) {
+    m::cpAsync16(s, in, 16);
+    m::cpAsync16(s + 4, in, 0); // nothing read: zeros
+    m::cpAsyncCommit();
+    out[0] = s[0];
+    m::cpAsyncWait<0>();
+    out[1] = s[0];
+    out[2] = s[4];
+  }
+  __syncwarp();
+  uint32_t r[4];
+  const char *rows = reinterpret_cast<const char *>(s) + 64;
+  m::ldmatrixX4(r, rows + threadIdx.x * 16 + (misaligned && threadIdx.x == 5 ? 8 : 0));
+}
+
+// Tests that cp.async lands at the wait under the in-order schedule (a read
+// before it sees the block's 0xff fill, NaN) and at once under the
+// adversarial one; that a copy of no source bytes writes zeros; and that an
+// ldmatrix row address off 16 bytes is reported.
+TEST(CudaEmulation, AsyncCopiesLandAtTheWaitOrAtOnce) {
+  Buffer<float> in(4), out(3);
+  in.p[0] = 2.5f;
+  FASTLLM_LAUNCH(1, 32, 1024, nullptr, asyncCopyKernel)(out.p, in.p, false);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const char *schedule = std::getenv("FASTLLM_CUDA_EMU_SCHEDULE");
+  if (schedule && !std::strcmp(schedule, "adversarial"))
+    EXPECT_EQ(out.p[0], 2.5f);
+  else
+    EXPECT_TRUE(std::isnan(out.p[0])) << out.p[0];
+  EXPECT_EQ(out.p[1], 2.5f);
+  EXPECT_EQ(out.p[2], 0.f);
+  EXPECT_DEATH(
+      {
+        FASTLLM_LAUNCH(1, 32, 1024, nullptr, asyncCopyKernel)(out.p, in.p,
+                                                               true);
+        cudaDeviceSynchronize();
+      },
+      "ldmatrix: lane 5's row address .* is not 16-byte aligned");
 }
 
 __global__ void addOneKernel(int *x, int n) {
