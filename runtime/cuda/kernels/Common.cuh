@@ -30,6 +30,7 @@
 #include "runtime/cuda/Kernels.cuh"
 #include "runtime/cuda/kernels/Plans.cuh"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -54,6 +55,36 @@ inline constexpr int kColumnTile = 32;
 inline constexpr int kColumnLanes = 16;
 
 inline constexpr unsigned kFullMask = 0xffffffffu;
+
+/// Those kernels cut the rows into parts when the columns alone give too
+/// few blocks (768 columns are 24 blocks for 132 SMs): about kColumnBlocks
+/// blocks in all, each part at least kMinPartRows rows. Each part's sums go
+/// to scratch, then combinePartsKernel adds the parts in order: the count
+/// depends on the shape alone, so the sums are the same on every GPU.
+inline constexpr int64_t kColumnBlocks = 1024;
+inline constexpr int64_t kMinPartRows = 64;
+
+/// How many parts `rows` rows are cut into for `tiles` column tiles.
+inline int64_t columnParts(int64_t tiles, int64_t rows) {
+  const int64_t want = (kColumnBlocks + tiles - 1) / tiles;
+  const int64_t most = rows / kMinPartRows;
+  return std::max<int64_t>(1, std::min<int64_t>({want, most, 65535}));
+}
+
+/// out[o] = parts[0][o] ⊕ parts[1][o] ⊕ ... (parts [nParts][count]) in part
+/// order, divided by meanCount when it is above 0.
+template <typename T, typename Acc, typename Combine>
+__global__ void combinePartsKernel(T *out, const Acc *parts, int64_t count,
+                                   int64_t nParts, Combine combine,
+                                   int64_t meanCount) {
+  for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < count;
+       o += int64_t(gridDim.x) * blockDim.x) {
+    Acc acc = parts[o];
+    for (int64_t p = 1; p < nParts; ++p)
+      acc = combine(acc, parts[p * count + o]);
+    out[o] = static_cast<T>(meanCount > 0 ? acc / meanCount : acc);
+  }
+}
 
 /// Device memory for the temporaries of one call, from the stream-ordered
 /// allocator: allocated and freed in order on stream(), so nothing waits,
@@ -136,6 +167,8 @@ using detail::globalThread;
 using detail::gridFor;
 using detail::gridThreads;
 using detail::isIgnored;
+using detail::columnParts;
+using detail::combinePartsKernel;
 using detail::kColumnLanes;
 using detail::kColumnTile;
 using detail::kSingleBlockThreads;

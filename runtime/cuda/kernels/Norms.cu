@@ -133,19 +133,25 @@ __global__ void rmsNormGradRowsKernel(T *dx, float2 *stats, const T *x,
 
 /// dscale[j] = Σ_rows dy·x̂ and dbias[j] = Σ_rows dy (either nullable), with
 /// x̂ = (x - mean)·rstd from the saved row stats: a kColumnTile x
-/// kColumnLanes block per kColumnTile columns, the lanes of a column
-/// splitting the rows and combined in lane order, all in double.
+/// kColumnLanes block per kColumnTile columns and part blockIdx.y of the
+/// rows (partRows each), the lanes of a column splitting the part and
+/// combined in lane order, all in double. With more than one part, the
+/// sums go to parts [2][gridDim.y][cols] (dscale's, then dbias's) for
+/// combinePartsKernel.
 template <typename T>
-__global__ void normColumnSumsKernel(T *dscale, T *dbias, const T *x,
-                                     const T *dy, const float2 *stats,
-                                     int64_t rows, int64_t cols) {
+__global__ void normColumnSumsKernel(T *dscale, T *dbias, double *parts,
+                                     const T *x, const T *dy,
+                                     const float2 *stats, int64_t rows,
+                                     int64_t cols, int64_t partRows) {
   __shared__ double partial[2][kColumnLanes][kColumnTile];
+  const int64_t first = int64_t(blockIdx.y) * partRows;
+  const int64_t end = min(rows, first + partRows);
   for (int64_t c0 = int64_t(blockIdx.x) * kColumnTile; c0 < cols;
        c0 += int64_t(gridDim.x) * kColumnTile) {
     const int64_t col = c0 + threadIdx.x;
     double sumScale = 0, sumBias = 0;
     if (col < cols)
-      for (int64_t row = threadIdx.y; row < rows; row += blockDim.y) {
+      for (int64_t row = first + threadIdx.y; row < end; row += blockDim.y) {
         const float2 s = stats[row];
         const float g = widen(dy[row * cols + col]);
         const float xhat = (widen(x[row * cols + col]) - s.x) * s.y;
@@ -160,10 +166,15 @@ __global__ void normColumnSumsKernel(T *dscale, T *dbias, const T *x,
         sumScale += partial[0][y][threadIdx.x];
         sumBias += partial[1][y][threadIdx.x];
       }
-      if (dscale)
-        dscale[col] = static_cast<T>(sumScale);
-      if (dbias)
-        dbias[col] = static_cast<T>(sumBias);
+      if (parts) {
+        parts[blockIdx.y * cols + col] = sumScale;
+        parts[(gridDim.y + blockIdx.y) * cols + col] = sumBias;
+      } else {
+        if (dscale)
+          dscale[col] = static_cast<T>(sumScale);
+        if (dbias)
+          dbias[col] = static_cast<T>(sumBias);
+      }
     }
     __syncthreads();
   }
@@ -176,12 +187,28 @@ void launchNormColumnSums(detail::NoDeduce<T> *dscale,
                           const float2 *stats, int64_t rows, int64_t cols) {
   if (!dscale && !dbias)
     return;
-  const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(
-      (cols + kColumnTile - 1) / kColumnTile, 1, detail::kMaxGridBlocks));
-  FASTLLM_LAUNCH(blocks, dim3(kColumnTile, kColumnLanes), 0, stream(),
+  const int64_t tiles = (cols + kColumnTile - 1) / kColumnTile;
+  const int64_t nParts = columnParts(tiles, rows);
+  const int64_t partRows = (rows + nParts - 1) / nParts;
+  const unsigned blocks =
+      static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, detail::kMaxGridBlocks));
+  Scratch<double> parts(nParts > 1 ? 2 * nParts * cols : 0);
+  FASTLLM_LAUNCH(dim3(blocks, unsigned(nParts)),
+                 dim3(kColumnTile, kColumnLanes), 0, stream(),
                  normColumnSumsKernel<T>)
-  (dscale, dbias, x, dy, stats, rows, cols);
+  (dscale, dbias, parts.get(), x, dy, stats, rows, cols, partRows);
   checkLaunch();
+  if (nParts == 1)
+    return;
+  const LaunchConfig launch = gridFor(cols);
+  for (T *out : {dscale, dbias}) {
+    if (out)
+      FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                     combinePartsKernel<T, double, Plus>)
+      (out, parts.get() + (out == dbias ? nParts * cols : 0), cols, nParts,
+       Plus(), 0);
+    checkLaunch();
+  }
 }
 
 } // namespace

@@ -2,8 +2,10 @@
 //
 // runtime/KernelApi.inc's reduce for the CUDA library. Launch: a block per
 // output when the contiguous dim is reduced; else a block per 32 consecutive
-// outputs, 16 threads summing each, combined in lane order. The walk is
-// planReduce's (Plans.cuh), built on runtime/KernelPlans.h's ReduceDims.
+// outputs and part of the reduced elements (columnParts: enough parts to
+// fill the GPU), 16 threads summing each, combined in lane order, the parts
+// then combined in order. The walk is planReduce's (Plans.cuh), built on
+// runtime/KernelPlans.h's ReduceDims.
 //
 //===----------------------------------------------------------------------===//
 
@@ -71,20 +73,26 @@ __global__ void reduceContiguousKernel(T *out, const T *in,
 
 /// Reductions that keep the contiguous dim: a kColumnTile x kColumnLanes
 /// block per kColumnTile consecutive outputs (consecutive threadIdx.x read
-/// consecutive elements); the lanes of one output split its reduced
-/// elements and are combined in lane order.
+/// consecutive elements) and part blockIdx.y of the reduced elements (parts
+/// of partCount); the lanes of one output split the part and are combined
+/// in lane order. With more than one part, each part's accumulators go to
+/// parts [gridDim.y][keptCount] (combinePartsKernel finishes); else the
+/// outputs to out.
 template <typename T, typename Acc, typename Combine>
-__global__ void reduceStridedKernel(T *out, const T *in,
+__global__ void reduceStridedKernel(T *out, Acc *parts, const T *in,
                                     detail::ReducePlan plan, Acc init,
-                                    Combine combine, int64_t meanCount) {
+                                    Combine combine, int64_t meanCount,
+                                    int64_t partCount) {
   __shared__ Acc partial[kColumnLanes][kColumnTile];
+  const int64_t first = int64_t(blockIdx.y) * partCount;
+  const int64_t end = min(plan.redCount, first + partCount);
   for (int64_t o0 = int64_t(blockIdx.x) * kColumnTile; o0 < plan.keptCount;
        o0 += int64_t(gridDim.x) * kColumnTile) {
     const int64_t o = o0 + threadIdx.x;
     Acc acc = init;
     if (o < plan.keptCount) {
       const T *base = in + plan.kept.offset(o);
-      for (int64_t r = threadIdx.y; r < plan.redCount; r += blockDim.y)
+      for (int64_t r = first + threadIdx.y; r < end; r += blockDim.y)
         acc = combine(acc, static_cast<Acc>(widen(base[plan.red.offset(r)])));
     }
     partial[threadIdx.y][threadIdx.x] = acc;
@@ -92,7 +100,10 @@ __global__ void reduceStridedKernel(T *out, const T *in,
     if (threadIdx.y == 0 && o < plan.keptCount) {
       for (int y = 1; y < kColumnLanes; ++y)
         acc = combine(acc, partial[y][threadIdx.x]);
-      out[o] = finishReduce<T>(acc, meanCount);
+      if (parts)
+        parts[blockIdx.y * plan.keptCount + o] = acc;
+      else
+        out[o] = finishReduce<T>(acc, meanCount);
     }
     __syncthreads();
   }
@@ -107,12 +118,23 @@ void launchReduce(T *out, const T *in, const detail::ReducePlan &plan, Acc init,
                    reduceContiguousKernel<T, Acc, Combine>)
     (out, in, plan, init, combine, meanCount);
   } else {
+    const int64_t tiles = (plan.keptCount + kColumnTile - 1) / kColumnTile;
+    const int64_t nParts = columnParts(tiles, plan.redCount);
+    const int64_t partCount = (plan.redCount + nParts - 1) / nParts;
     const unsigned blocks = static_cast<unsigned>(
-        std::clamp<int64_t>((plan.keptCount + kColumnTile - 1) / kColumnTile, 1,
-                            detail::kMaxGridBlocks));
-    FASTLLM_LAUNCH(blocks, dim3(kColumnTile, kColumnLanes), 0, stream(),
+        std::clamp<int64_t>(tiles, 1, detail::kMaxGridBlocks));
+    Scratch<Acc> parts(nParts > 1 ? nParts * plan.keptCount : 0);
+    FASTLLM_LAUNCH(dim3(blocks, unsigned(nParts)),
+                   dim3(kColumnTile, kColumnLanes), 0, stream(),
                    reduceStridedKernel<T, Acc, Combine>)
-    (out, in, plan, init, combine, meanCount);
+    (out, parts.get(), in, plan, init, combine, meanCount, partCount);
+    checkLaunch();
+    if (nParts > 1) {
+      LaunchConfig launch = gridFor(plan.keptCount);
+      FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                     combinePartsKernel<T, Acc, Combine>)
+      (out, parts.get(), plan.keptCount, nParts, combine, meanCount);
+    }
   }
   checkLaunch();
 }

@@ -985,6 +985,16 @@ TEST_F(CudaKernels, Reduce) {
   withNan[123] = std::numeric_limits<float>::quiet_NaN();
   checkReduce<float>(shape, {false, false, true}, Kind::Max, withNan, 1e-5);
   checkReduce<float>(shape, {true, false, false}, Kind::Max, withNan, 1e-5);
+
+  // Enough rows that the columns' sums are cut into parts (columnParts):
+  // 300 rows, 11 column tiles -> 4 parts, the last one short; a NaN in the
+  // third part.
+  const std::vector<int64_t> tall = {300, 5, 70};
+  auto xt = randomReals(300 * 5 * 70, -3, 3);
+  for (Kind kind : {Kind::Sum, Kind::Mean, Kind::Max})
+    checkReduce<float>(tall, {true, false, false}, kind, xt, 1e-5);
+  xt[230 * 350 + 17] = std::numeric_limits<float>::quiet_NaN();
+  checkReduce<float>(tall, {true, false, false}, Kind::Max, xt, 1e-5);
 }
 
 // Tests softmax and log-softmax along the last dim and a middle dim, with
@@ -1024,10 +1034,11 @@ TEST_F(CudaKernels, SoftmaxAndGrad) {
     }
 }
 
-// Tests layerNorm (with and without bias) and its gradient (with and
-// without dbias) on rows whose mean is far from 0.
-TEST_F(CudaKernels, LayerNormAndGrad) {
-  const int64_t rows = 7, cols = 300;
+namespace {
+
+/// layerNorm and its gradient on `rows` x `cols` against the CPU's.
+void checkLayerNorm(int64_t rows, int64_t cols) {
+  SCOPED_TRACE(::testing::Message() << rows << " rows");
   const float eps = 1e-5f;
   auto x = randomReals(rows * cols, 2, 5), scale = randomReals(cols),
        bias = randomReals(cols), dy = randomReals(rows * cols);
@@ -1055,6 +1066,16 @@ TEST_F(CudaKernels, LayerNormAndGrad) {
     if (withBias)
       EXPECT_TRUE(near(gbias.download(), wantBias, 1e-5));
   }
+}
+
+} // namespace
+
+// Tests layerNorm (with and without bias) and its gradient (with and
+// without dbias) on rows whose mean is far from 0; 7 rows, and 700, whose
+// dscale and dbias are summed in 10 parts (columnParts).
+TEST_F(CudaKernels, LayerNormAndGrad) {
+  for (int64_t rows : {7, 700})
+    checkLayerNorm(rows, 300);
 }
 
 // Tests rmsNorm and its gradient, with more rows than a column block has
