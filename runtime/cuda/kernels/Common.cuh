@@ -171,6 +171,7 @@ using detail::columnParts;
 using detail::combinePartsKernel;
 using detail::kColumnLanes;
 using detail::kColumnTile;
+using detail::kFullMask;
 using detail::kSingleBlockThreads;
 using detail::LaunchConfig;
 using detail::lowest;

@@ -30,15 +30,12 @@ detail::TransposePlan detail::planTranspose(int rank, const int64_t *inShape,
                                               kTransposeTile);
 }
 
-int64_t detail::gatherGradBands(int64_t outer, int64_t dimSize, int64_t inner) {
-  // Enough threads to fill a large GPU; each further band costs every
-  // thread one more scan of the indices.
-  constexpr int64_t kWantedThreads = 1 << 16;
-  constexpr int64_t kMaxBands = 64;
-  int64_t columns = std::max<int64_t>(outer * inner, 1);
-  int64_t bands = (kWantedThreads + columns - 1) / columns;
-  return std::clamp<int64_t>(
-      bands, 1, std::min(kMaxBands, std::max<int64_t>(dimSize, 1)));
+int64_t detail::gatherGradBands(int64_t outer, int64_t dimSize) {
+  // About kWantedBlocks blocks in all; each scans the indices once.
+  constexpr int64_t kWantedBlocks = 1024;
+  const int64_t bands = (kWantedBlocks + std::max<int64_t>(outer, 1) - 1) /
+                        std::max<int64_t>(outer, 1);
+  return std::clamp<int64_t>(bands, 1, std::max<int64_t>(dimSize, 1));
 }
 
 //===----------------------------------------------------------------------===//
@@ -114,26 +111,66 @@ __global__ void gatherKernel(T *out, const T *in, const Idx *idx, int64_t total,
   }
 }
 
+constexpr int kGatherGradThreads = 256;
+
 /// Adds dout into the zeroed table (gatherGrad's din, or its float sums for
-/// a bf16 din): thread (o, band, col) owns column col of the table rows ≡
-/// band (mod bands) of outer slice o, and walks all the indices in order of
-/// j, adding the rows that land in its band. No two threads write one
-/// element, and each element sees its additions in the CPU's order.
+/// a bf16 din): block (o, band) owns the table rows [band·dimSize/bands,
+/// (band + 1)·dimSize/bands) of outer slice o, all their columns. It walks
+/// the indices a block-width chunk at a time, keeps those that land in its
+/// rows in order of j (a block-wide prefix sum), and adds each kept dout
+/// row into its table row, thread t owning columns t, t + blockDim, ...: no
+/// two blocks write one element, and each element sees its additions in
+/// the CPU's order.
 template <typename Acc, typename T, typename Idx>
-__global__ void
-gatherGradKernel(Acc *__restrict__ sums, const T *__restrict__ dout,
-                 const Idx *__restrict__ idx, int64_t outer, int64_t dimSize,
-                 int64_t numIdx, int64_t inner, int64_t bands) {
-  for (int64_t u = globalThread(); u < outer * bands * inner;
-       u += gridThreads()) {
-    const int64_t col = u % inner, ob = u / inner;
-    const int64_t band = ob % bands, o = ob / bands;
-    Acc *table = sums + o * dimSize * inner + col;
-    const T *grad = dout + o * numIdx * inner + col;
-    for (int64_t j = 0; j < numIdx; ++j) {
-      int64_t row = wrapIndex(idx[j], dimSize);
-      if (row % bands == band)
-        table[row * inner] += widen(grad[j * inner]);
+__global__ void __launch_bounds__(kGatherGradThreads)
+    gatherGradKernel(Acc *__restrict__ sums, const T *__restrict__ dout,
+                     const Idx *__restrict__ idx, int64_t outer,
+                     int64_t dimSize, int64_t numIdx, int64_t inner,
+                     int64_t bands) {
+  __shared__ int64_t keptRows[kGatherGradThreads], keptJ[kGatherGradThreads];
+  __shared__ int warpKept[kGatherGradThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int64_t ob = blockIdx.x; ob < outer * bands; ob += gridDim.x) {
+    const int64_t o = ob / bands, band = ob % bands;
+    const int64_t lo = band * dimSize / bands,
+                  hi = (band + 1) * dimSize / bands;
+    Acc *table = sums + o * dimSize * inner;
+    const T *grad = dout + o * numIdx * inner;
+    for (int64_t j0 = 0; j0 < numIdx; j0 += blockDim.x) {
+      const int64_t j = j0 + threadIdx.x;
+      const int64_t row = j < numIdx ? wrapIndex(idx[j], dimSize) : -1;
+      const int keep = row >= lo && row < hi;
+      // This lane's place among the warp's kept indices, then the warp's
+      // among the block's.
+      int before = keep;
+      for (int d = 1; d < 32; d *= 2) {
+        const int up = __shfl_up_sync(kFullMask, before, d);
+        if (lane >= d)
+          before += up;
+      }
+      if (lane == 31)
+        warpKept[warp] = before;
+      before -= keep;
+      __syncthreads();
+      int offset = 0, total = 0;
+      for (int w = 0; w < int(blockDim.x / 32); ++w) {
+        offset += w < warp ? warpKept[w] : 0;
+        total += warpKept[w];
+      }
+      if (keep) {
+        keptRows[offset + before] = row;
+        keptJ[offset + before] = j;
+      }
+      __syncthreads();
+      // The next chunk rewrites warpKept before its first barrier (every
+      // thread read it before the second one here) and the kept lists only
+      // after it (every thread is done with them by then).
+      for (int e = 0; e < total; ++e) {
+        Acc *dst = table + keptRows[e] * inner;
+        const T *src = grad + keptJ[e] * inner;
+        for (int64_t c = threadIdx.x; c < inner; c += blockDim.x)
+          dst[c] += widen(src[c]);
+      }
     }
   }
 }
@@ -146,9 +183,10 @@ void launchGatherGrad(Acc *sums, const T *dout, const Idx *idx, int64_t outer,
       sums, 0, size_t(outer * dimSize * inner) * sizeof(Acc), stream()));
   if (numIdx == 0)
     return;
-  const int64_t bands = detail::gatherGradBands(outer, dimSize, inner);
-  LaunchConfig launch = gridFor(outer * bands * inner);
-  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+  const int64_t bands = detail::gatherGradBands(outer, dimSize);
+  const unsigned blocks = static_cast<unsigned>(
+      std::clamp<int64_t>(outer * bands, 1, detail::kMaxGridBlocks));
+  FASTLLM_LAUNCH(blocks, kGatherGradThreads, 0, stream(),
                  gatherGradKernel<Acc, T, Idx>)
   (sums, dout, idx, outer, dimSize, numIdx, inner, bands);
   checkLaunch();

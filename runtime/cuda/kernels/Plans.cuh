@@ -93,10 +93,10 @@ inline constexpr int kTransposeTile = 32;
 TransposePlan planTranspose(int rank, const int64_t *inShape,
                             const int64_t *perm);
 
-/// gatherGrad gives each thread one column of one outer slice and one band
-/// of the table's rows (rows ≡ band mod bands): the number of bands that
-/// makes enough threads, from the shapes alone.
-int64_t gatherGradBands(int64_t outer, int64_t dimSize, int64_t inner);
+/// gatherGrad gives each block one outer slice and one band of consecutive
+/// table rows: the number of bands per slice that makes about 1024 blocks,
+/// from the shapes alone, at most one per row.
+int64_t gatherGradBands(int64_t outer, int64_t dimSize);
 
 //===----------------------------------------------------------------------===//
 // Reductions (Reduce.cu)

@@ -240,15 +240,15 @@ TEST(CudaKernelsHost, PlanReduce) {
   EXPECT_EQ(r.keptCount, 12);
 }
 
-// Tests that gatherGrad's bands depend on the shapes only, make enough
-// threads for small tables, and never exceed the table's rows.
+// Tests that gatherGrad's bands depend on the shapes only, make about 1024
+// blocks, and never exceed the table's rows.
 TEST(CudaKernelsHost, GatherGradBands) {
   using rt::cuda::detail::gatherGradBands;
-  EXPECT_EQ(gatherGradBands(1, 50000, 1 << 16), 1);
-  EXPECT_EQ(gatherGradBands(1, 50000, 768), 64);
-  EXPECT_EQ(gatherGradBands(1, 5, 16), 5);
-  EXPECT_EQ(gatherGradBands(4, 100, 1024), 16);
-  EXPECT_EQ(gatherGradBands(0, 0, 0), 1);
+  EXPECT_EQ(gatherGradBands(1, 50304), 1024);
+  EXPECT_EQ(gatherGradBands(1, 5), 5);
+  EXPECT_EQ(gatherGradBands(3, 5000), 342);
+  EXPECT_EQ(gatherGradBands(4096, 100), 1);
+  EXPECT_EQ(gatherGradBands(0, 0), 1);
 }
 
 // Tests the attention kernels' shared memory: the sizes of the arrays each
@@ -907,6 +907,20 @@ TEST_F(CudaKernels, GatherGrad) {
   rt::cpu::gatherGrad(want64.data(), dout64.data(), idx32.data(), 1, 50, 300,
                       16);
   EXPECT_EQ(ddin64.download(), want64);
+
+  // A vocabulary-like table: bands of 2-3 rows each, indices in 3 chunks of
+  // a block's width, a row wider than the block.
+  auto idxWide = randomInts<int64_t>(600, -2999, 2999);
+  idxWide[10] = idxWide[500] = idxWide[599] = 7; // one row, three chunks
+  auto doutWide = randomReals(600 * 300);
+  DeviceArray<int64_t> didxWide(idxWide);
+  DeviceArray<float> ddoutWide(doutWide), ddinWide(3000 * 300);
+  rt::cuda::gatherGrad(ddinWide.get(), ddoutWide.get(), didxWide.get(), 1,
+                       3000, 600, 300);
+  std::vector<float> wantWide(3000 * 300);
+  rt::cpu::gatherGrad(wantWide.data(), doutWide.data(), idxWide.data(), 1,
+                      3000, 600, 300);
+  EXPECT_EQ(ddinWide.download(), wantWide);
 }
 
 // Tests fill, copy and addInto.
@@ -1154,11 +1168,13 @@ TEST_F(CudaKernels, CausalAttentionAndGrad) {
 
 namespace {
 
-template <typename Idx> void checkLosses(bool hasIgnore) {
+template <typename Idx>
+void checkLosses(bool hasIgnore, int64_t classes = 37) {
   using R = rt::cuda::Reduction;
-  const int64_t rows = 19, classes = 37, ignoreIndex = -100;
-  SCOPED_TRACE(::testing::Message()
-               << "Idx bytes " << sizeof(Idx) << " hasIgnore " << hasIgnore);
+  const int64_t rows = 19, ignoreIndex = -100;
+  SCOPED_TRACE(::testing::Message() << "Idx bytes " << sizeof(Idx)
+                                    << " hasIgnore " << hasIgnore << " classes "
+                                    << classes);
   auto logits = randomReals(rows * classes, -3, 3);
   auto targets = randomInts<Idx>(rows, 0, classes - 1);
   if (hasIgnore)
@@ -1209,11 +1225,13 @@ template <typename Idx> void checkLosses(bool hasIgnore) {
 } // namespace
 
 // Tests cross entropy and NLL, forward and backward, for every reduction,
-// with and without ignored targets, for both index types.
+// with and without ignored targets, for both index types; rows of 37
+// classes (element by element) and of 2000 (16-byte vectors, 2 per thread).
 TEST_F(CudaKernels, Losses) {
   checkLosses<int64_t>(false);
   checkLosses<int64_t>(true);
   checkLosses<int32_t>(true);
+  checkLosses<int64_t>(true, 2000);
 }
 
 // Tests that a mean over targets that are all ignored is NaN (0/0), as in
@@ -1705,11 +1723,13 @@ namespace {
 /// The losses on bf16 logits and log-probabilities, called as generated code
 /// calls them (Idx named, T deduced): float losses within the float tests'
 /// 1e-5, bf16 gradients within kBf16Tol.
-template <typename Idx> void checkBf16Losses(bool hasIgnore) {
+template <typename Idx>
+void checkBf16Losses(bool hasIgnore, int64_t classes = 37) {
   using R = rt::cuda::Reduction;
-  const int64_t rows = 19, classes = 37, ignoreIndex = -100;
-  SCOPED_TRACE(::testing::Message()
-               << "Idx bytes " << sizeof(Idx) << " hasIgnore " << hasIgnore);
+  const int64_t rows = 19, ignoreIndex = -100;
+  SCOPED_TRACE(::testing::Message() << "Idx bytes " << sizeof(Idx)
+                                    << " hasIgnore " << hasIgnore << " classes "
+                                    << classes);
   auto logits = randomReals(rows * classes, -3, 3);
   auto targets = randomInts<Idx>(rows, 0, classes - 1);
   if (hasIgnore)
@@ -1762,9 +1782,10 @@ template <typename Idx> void checkBf16Losses(bool hasIgnore) {
 
 // Tests cross entropy and NLL on bf16 inputs with float losses, forward and
 // backward, for every reduction, with and without ignored targets, for both
-// index types.
+// index types; rows of 37 classes, and of 4000 (16-byte vectors).
 TEST_F(CudaKernels, Bf16Losses) {
   checkBf16Losses<int64_t>(false);
   checkBf16Losses<int64_t>(true);
   checkBf16Losses<int32_t>(true);
+  checkBf16Losses<int64_t>(true, 4000); // 16-byte vectors, 2 per thread
 }
