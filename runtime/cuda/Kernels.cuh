@@ -250,6 +250,99 @@ __global__ void elementwiseKernel(Out *out, F f, ElementwiseLayout<N> layout,
   }
 }
 
+/// Elements per thread of the vectorised elementwise kernel: 16 bytes of a
+/// 2-byte type, 32 of a 4-byte one.
+inline constexpr int kElementwiseVector = 8;
+
+/// Copies input `in`'s kElementwiseVector values from `offset` into `raw`:
+/// the consecutive ones (16-byte loads), or the one at `offset` repeated
+/// (`splat`).
+template <typename T>
+__device__ void loadVector(unsigned char *raw, const T *in, int64_t offset,
+                           bool splat) {
+  constexpr int V = kElementwiseVector;
+  if (splat) {
+    const T x = in[offset];
+    for (int e = 0; e < V; ++e)
+      reinterpret_cast<T *>(raw)[e] = x;
+    return;
+  }
+  const uint4 *src = reinterpret_cast<const uint4 *>(in + offset);
+  for (int b = 0; b < int(V * sizeof(T) / 16); ++b)
+    reinterpret_cast<uint4 *>(raw)[b] = src[b];
+}
+
+/// f of element e of each input's loaded values.
+template <typename F, size_t... I, typename... T>
+__device__ auto callVector(F &f, unsigned char (*raw)[kElementwiseVector * 8],
+                           int e, std::index_sequence<I...>, const T *...) {
+  return f(reinterpret_cast<const T *>(raw[I])[e]...);
+}
+
+/// elementwiseKernel kElementwiseVector outputs per thread, for layouts
+/// whose innermost dim is a multiple of it and read by every input either
+/// as one broadcast value or contiguously (then from a 16-byte aligned
+/// pointer with outer strides that are multiples of it), the output
+/// aligned too (elementwiseVectorizes): 16-byte loads and stores, one index
+/// computation per vector.
+template <typename Out, typename F, int N, typename... T>
+__global__ void elementwiseVectorKernel(Out *out, F f,
+                                        ElementwiseLayout<N> layout,
+                                        const T *...ins) {
+  constexpr int V = kElementwiseVector;
+  for (int64_t vec = globalThread(); vec < layout.total / V;
+       vec += gridThreads()) {
+    const int64_t i = vec * V;
+    int64_t offsets[N > 0 ? N : 1] = {};
+    int64_t rest = i;
+    for (int d = layout.rank - 1; d > 0; --d) {
+      int64_t index = rest % layout.shape[d];
+      rest /= layout.shape[d];
+      for (int k = 0; k < N; ++k)
+        offsets[k] += index * layout.strides[k][d];
+    }
+    for (int k = 0; k < N; ++k)
+      offsets[k] += rest * layout.strides[k][0];
+    alignas(16) unsigned char raw[N > 0 ? N : 1][V * 8];
+    int k = 0;
+    ((loadVector(raw[k], ins, offsets[k],
+                 layout.strides[k][layout.rank - 1] == 0),
+      ++k),
+     ...);
+    alignas(16) Out values[V];
+    for (int e = 0; e < V; ++e)
+      values[e] = static_cast<Out>(
+          callVector(f, raw, e, std::index_sequence_for<T...>{}, ins...));
+    for (int b = 0; b < int(V * sizeof(Out) / 16); ++b)
+      reinterpret_cast<uint4 *>(out + i)[b] =
+          reinterpret_cast<const uint4 *>(values)[b];
+  }
+}
+
+/// Whether elementwiseVectorKernel serves this layout (see there).
+template <typename Out, int N, typename... T>
+bool elementwiseVectorizes(const Out *out, const ElementwiseLayout<N> &layout,
+                           const T *...ins) {
+  constexpr int V = kElementwiseVector;
+  if (sizeof(Out) < 2 || ((sizeof(T) < 2 || sizeof(T) > 8) || ...) ||
+      layout.rank < 1 || layout.shape[layout.rank - 1] % V != 0 ||
+      reinterpret_cast<uintptr_t>(out) % 16 != 0)
+    return false;
+  const uintptr_t addresses[N > 0 ? N : 1] = {
+      reinterpret_cast<uintptr_t>(ins)...};
+  for (int k = 0; k < N; ++k) {
+    const int64_t inner = layout.strides[k][layout.rank - 1];
+    if (inner == 0)
+      continue; // one value per vector: any stride, any alignment
+    if (inner != 1 || addresses[k] % 16 != 0)
+      return false;
+    for (int d = 0; d + 1 < layout.rank; ++d)
+      if (layout.strides[k][d] % V != 0)
+        return false;
+  }
+  return true;
+}
+
 /// One thread per group of four elements of one sample: see dropout.
 template <typename T>
 __global__ void dropoutKernel(T *out, const T *in, bool splatInput,
@@ -297,8 +390,9 @@ __global__ void addIntoKernel(T *acc, const U *x, int64_t n) {
 
 /// runtime/KernelApi.inc's elementwise on the GPU: `f` is a `__host__
 /// __device__` (or `__device__`) functor, copied to the device, called once
-/// per element by one thread each. Launch: one thread per output element,
-/// grid-stride, over the dims collapsed as on the CPU.
+/// per element. Launch: one thread per output element, grid-stride, over
+/// the dims collapsed as on the CPU; or, where the layout allows
+/// (elementwiseVectorizes), one per kElementwiseVector elements.
 template <typename Out, typename F, typename... T>
 void elementwise(Out *out, int rank, const int64_t *shape, F f, In<T>... ins) {
   constexpr int kNumIn = sizeof...(T);
@@ -307,10 +401,18 @@ void elementwise(Out *out, int rank, const int64_t *shape, F f, In<T>... ins) {
   auto layout = detail::makeElementwiseLayout<kNumIn>(rank, shape, strides);
   if (layout.total == 0)
     return;
-  detail::LaunchConfig launch = detail::gridFor(layout.total);
-  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                 detail::elementwiseKernel<Out, F, kNumIn, T...>)
-  (out, f, layout, ins.data...);
+  if (detail::elementwiseVectorizes(out, layout, ins.data...)) {
+    detail::LaunchConfig launch =
+        detail::gridFor(layout.total / detail::kElementwiseVector);
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   detail::elementwiseVectorKernel<Out, F, kNumIn, T...>)
+    (out, f, layout, ins.data...);
+  } else {
+    detail::LaunchConfig launch = detail::gridFor(layout.total);
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   detail::elementwiseKernel<Out, F, kNumIn, T...>)
+    (out, f, layout, ins.data...);
+  }
   FASTLLM_CUDA_CHECK(cudaGetLastError());
 }
 

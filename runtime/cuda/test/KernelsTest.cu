@@ -577,6 +577,55 @@ TEST_F(CudaKernels, ElementwiseStridedAndScalar) {
   EXPECT_EQ(dscalar.download(), std::vector<float>{-2.25f});
 }
 
+struct MulAdd {
+  __host__ __device__ float operator()(float a, float b, float c) const {
+    return a * b + c;
+  }
+};
+
+// Tests the vectorised elementwise path (inner dims of 8k, contiguous or
+// broadcast along them, aligned) against the CPU: a [6, 40] matrix times a
+// row vector plus a column vector, in float and into bf16; and the layouts
+// it must leave to the scalar kernel: a misaligned input, an outer stride
+// that is not a multiple of 8 (a slice), an inner stride of 2.
+TEST_F(CudaKernels, ElementwiseVectors) {
+  const int64_t shape[] = {6, 40}, sa[] = {40, 1}, sRow[] = {0, 1},
+                sCol[] = {1, 0};
+  auto a = randomReals(6 * 80), row = randomReals(40), col = randomReals(6);
+  DeviceArray<float> da(a), drow(row), dcol(col), dout(240);
+  DeviceArray<bf16> dout16(240);
+  std::vector<float> want(240);
+  struct Layout {
+    int64_t offset;
+    const int64_t *strides;
+    const char *what;
+  };
+  const int64_t sliced[] = {41, 1}, everyOther[] = {80, 2};
+  for (Layout l : {Layout{0, sa, "vectors"}, Layout{1, sa, "misaligned"},
+                   Layout{0, sliced, "outer stride 41"},
+                   Layout{0, everyOther, "inner stride 2"}}) {
+    SCOPED_TRACE(l.what);
+    rt::cuda::elementwise(dout.get(), 2, shape, MulAdd{},
+                          rt::cuda::In<float>{da.get() + l.offset, l.strides},
+                          rt::cuda::In<float>{drow.get(), sRow},
+                          rt::cuda::In<float>{dcol.get(), sCol});
+    rt::cpu::elementwise(want.data(), 2, shape, MulAdd{},
+                         rt::cpu::In<float>{a.data() + l.offset, l.strides},
+                         rt::cpu::In<float>{row.data(), sRow},
+                         rt::cpu::In<float>{col.data(), sCol});
+    EXPECT_TRUE(near(dout.download(), want, 1e-5));
+  }
+  rt::cuda::elementwise(dout16.get(), 2, shape, MulAdd{},
+                        rt::cuda::In<float>{da.get(), sa},
+                        rt::cuda::In<float>{drow.get(), sRow},
+                        rt::cuda::In<float>{dcol.get(), sCol});
+  rt::cpu::elementwise(want.data(), 2, shape, MulAdd{},
+                       rt::cpu::In<float>{a.data(), sa},
+                       rt::cpu::In<float>{row.data(), sRow},
+                       rt::cpu::In<float>{col.data(), sCol});
+  EXPECT_TRUE(near(widened(dout16.download()), want, kBf16Tol));
+}
+
 // Tests bool and integer operands and results: compare, select, cast.
 TEST_F(CudaKernels, ElementwiseTypes) {
   const int64_t shape[] = {4, 6}, s[] = {6, 1}, col[] = {1, 0};
