@@ -4,7 +4,8 @@
 // output when the contiguous dim is reduced; else a block per 32 consecutive
 // outputs and part of the reduced elements (columnParts: enough parts to
 // fill the GPU), 16 threads summing each, combined in lane order, the parts
-// then combined in order. The walk is planReduce's (Plans.cuh), built on
+// then combined in order; a [rows, cols] matrix summed over its rows reads 8
+// columns per thread with 16-byte loads (reduceColumnsKernel). The walk is planReduce's (Plans.cuh), built on
 // runtime/KernelPlans.h's ReduceDims.
 //
 //===----------------------------------------------------------------------===//
@@ -109,6 +110,70 @@ __global__ void reduceStridedKernel(T *out, Acc *parts, const T *in,
   }
 }
 
+/// Columns per thread of reduceColumnsKernel: 16 bytes of 2-byte values.
+constexpr int kColumnVector = 8;
+/// Threads along the rows of one reduceColumnsKernel tile.
+constexpr int kColumnVectorLanes = 8;
+
+/// reduceStridedKernel for a [rows, cols] matrix reduced over its rows
+/// (kept: one contiguous dim; reduced: one dim of stride `rowStride`),
+/// cols and rowStride multiples of kColumnVector, `in` 16-byte aligned: a
+/// 32 x kColumnVectorLanes block per 256 consecutive columns and part
+/// blockIdx.y of the rows, each thread kColumnVector columns at a time
+/// with 16-byte loads, its row lanes combined in lane order; outputs or
+/// parts as reduceStridedKernel's.
+template <typename T, typename Acc, typename Combine>
+__global__ void reduceColumnsKernel(T *out, Acc *parts, const T *in,
+                                    int64_t rows, int64_t cols,
+                                    int64_t rowStride, Acc init,
+                                    Combine combine, int64_t meanCount,
+                                    int64_t partCount) {
+  constexpr int V = kColumnVector;
+  __shared__ Acc partial[kColumnVectorLanes][32][V];
+  const int64_t first = int64_t(blockIdx.y) * partCount;
+  const int64_t end = min(rows, first + partCount);
+  for (int64_t c0 = int64_t(blockIdx.x) * 32 * V; c0 < cols;
+       c0 += int64_t(gridDim.x) * 32 * V) {
+    const int64_t col = c0 + threadIdx.x * V;
+    Acc acc[V];
+    for (int e = 0; e < V; ++e)
+      acc[e] = init;
+    if (col < cols)
+      for (int64_t r = first + threadIdx.y; r < end; r += blockDim.y) {
+        alignas(16) T x[V];
+        const uint4 *src = reinterpret_cast<const uint4 *>(in + r * rowStride + col);
+        for (int b = 0; b < int(V * sizeof(T) / 16); ++b)
+          reinterpret_cast<uint4 *>(x)[b] = src[b];
+        for (int e = 0; e < V; ++e)
+          acc[e] = combine(acc[e], static_cast<Acc>(widen(x[e])));
+      }
+    for (int e = 0; e < V; ++e)
+      partial[threadIdx.y][threadIdx.x][e] = acc[e];
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols)
+      for (int e = 0; e < V; ++e) {
+        for (int y = 1; y < kColumnVectorLanes; ++y)
+          acc[e] = combine(acc[e], partial[y][threadIdx.x][e]);
+        if (parts)
+          parts[blockIdx.y * cols + col + e] = acc[e];
+        else
+          out[col + e] = finishReduce<T>(acc[e], meanCount);
+      }
+    __syncthreads();
+  }
+}
+
+/// Whether reduceColumnsKernel serves `plan` on `in`.
+template <typename T>
+bool reducesColumns(const detail::ReducePlan &plan, const T *in) {
+  return !plan.innerReduced && plan.kept.rank == 1 &&
+         plan.kept.strides[0] == 1 && plan.red.rank == 1 &&
+         plan.keptCount % kColumnVector == 0 &&
+         plan.red.strides[0] % kColumnVector == 0 &&
+         (sizeof(T) == 2 || sizeof(T) == 4) &&
+         reinterpret_cast<uintptr_t>(in) % 16 == 0;
+}
+
 template <typename T, typename Acc, typename Combine>
 void launchReduce(T *out, const T *in, const detail::ReducePlan &plan, Acc init,
                   Combine combine, int64_t meanCount) {
@@ -117,6 +182,26 @@ void launchReduce(T *out, const T *in, const detail::ReducePlan &plan, Acc init,
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
                    reduceContiguousKernel<T, Acc, Combine>)
     (out, in, plan, init, combine, meanCount);
+  } else if (reducesColumns(plan, in)) {
+    const int64_t tileCols = 32 * kColumnVector;
+    const int64_t tiles = (plan.keptCount + tileCols - 1) / tileCols;
+    const int64_t nParts = columnParts(tiles, plan.redCount);
+    const int64_t partCount = (plan.redCount + nParts - 1) / nParts;
+    const unsigned blocks = static_cast<unsigned>(
+        std::clamp<int64_t>(tiles, 1, detail::kMaxGridBlocks));
+    Scratch<Acc> parts(nParts > 1 ? nParts * plan.keptCount : 0);
+    FASTLLM_LAUNCH(dim3(blocks, unsigned(nParts)),
+                   dim3(32, kColumnVectorLanes), 0, stream(),
+                   reduceColumnsKernel<T, Acc, Combine>)
+    (out, parts.get(), in, plan.redCount, plan.keptCount, plan.red.strides[0],
+     init, combine, meanCount, partCount);
+    checkLaunch();
+    if (nParts > 1) {
+      LaunchConfig launch = gridFor(plan.keptCount);
+      FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                     combinePartsKernel<T, Acc, Combine>)
+      (out, parts.get(), plan.keptCount, nParts, combine, meanCount);
+    }
   } else {
     const int64_t tiles = (plan.keptCount + kColumnTile - 1) / kColumnTile;
     const int64_t nParts = columnParts(tiles, plan.redCount);

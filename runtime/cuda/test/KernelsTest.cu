@@ -1058,6 +1058,20 @@ TEST_F(CudaKernels, Reduce) {
     checkReduce<float>(tall, {true, false, false}, kind, xt, 1e-5);
   xt[230 * 350 + 17] = std::numeric_limits<float>::quiet_NaN();
   checkReduce<float>(tall, {true, false, false}, Kind::Max, xt, 1e-5);
+
+  // A [rows, cols] matrix over its rows with cols a multiple of 8: 8
+  // columns per thread (reduceColumnsKernel), in parts (600 rows) and
+  // not (70 rows), a NaN for Max; 264 columns: a second, partial tile.
+  for (int64_t rows : {600, 70}) {
+    const std::vector<int64_t> matrix = {rows, 264};
+    auto xm = randomReals(rows * 264, -3, 3);
+    for (Kind kind : {Kind::Sum, Kind::Mean, Kind::Max})
+      checkReduce<float>(matrix, {true, false}, kind, xm, 1e-5);
+    xm[(rows - 3) * 264 + 260] = std::numeric_limits<float>::quiet_NaN();
+    checkReduce<float>(matrix, {true, false}, Kind::Max, xm, 1e-5);
+  }
+  auto xi32 = randomInts<int32_t>(600 * 264, -100, 100);
+  checkReduce<int32_t>({600, 264}, {true, false}, Kind::Sum, xi32, 0);
 }
 
 // Tests softmax and log-softmax along the last dim and a middle dim, with
@@ -1544,6 +1558,11 @@ TEST_F(CudaKernels, Bf16Reduce) {
       check(shape, {bool(mask & 4), bool(mask & 2), bool(mask & 1)}, kind, x);
   for (Kind kind : {Kind::Sum, Kind::Mean, Kind::Max})
     check({3, 0, 2}, {false, true, false}, kind, {});
+  // A bias gradient's shape: [batch, seq, cols] over the first two, cols a
+  // multiple of 8 (reduceColumnsKernel, in parts).
+  auto bias = randomReals(4 * 150 * 264, -3, 3);
+  for (Kind kind : {Kind::Sum, Kind::Mean, Kind::Max})
+    check({4, 150, 264}, {true, true, false}, kind, bias);
 }
 
 // Tests bf16 softmax and log-softmax along the last and a middle dim, with

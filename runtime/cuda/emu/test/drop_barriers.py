@@ -43,6 +43,9 @@ NOT_EXERCISED = {
     "next grid-stride iteration; the tests' grids have a block per 32 outputs",
     ("Norms.cu", "normColumnSumsKernel", 2): "guards `partial` against the "
     "next grid-stride iteration; the tests' grids have a block per 32 columns",
+    ("Reduce.cu", "reduceColumnsKernel", 2): "guards `partial` against the "
+    "next grid-stride iteration; the tests' grids have a block per 256 "
+    "columns",
     ("Losses.cu", "rowMaxSum", 1): "guards `warps` against the block's next "
     "row (grid-stride); the tests' grids have a block per row",
 }
