@@ -2,7 +2,9 @@
 //
 // runtime/KernelApi.inc's layerNorm, rmsNorm and their gradients for the
 // CUDA library, for T = float or __nv_bfloat16. Launch: the forwards a block
-// per row, Σx and Σx² in double. The gradients a block per row for dx,
+// per row, Σx and Σx² in double (a warp per row, 8 elements at a time, when
+// the rows are multiples of 8 elements and the buffers aligned: warpRows).
+// The gradients a block (or warp) per row for dx,
 // saving each row's mean and 1/std in a Scratch, then a block per 32
 // columns for dscale and dbias, summing in double in a fixed order.
 //
@@ -131,6 +133,161 @@ __global__ void rmsNormGradRowsKernel(T *dx, float2 *stats, const T *x,
   }
 }
 
+//===----------------------------------------------------------------------===//
+// A warp per row, 8 elements at a time (rows of 8k elements, aligned)
+//===----------------------------------------------------------------------===//
+
+/// Elements a lane moves at once: 16 bytes of bf16, 32 of float.
+constexpr int kNormVector = 8;
+constexpr int kNormWarpThreads = 256; ///< 8 rows per block
+
+/// Whether the warp kernels serve rows of `cols` elements of these buffers
+/// (nullable ones are skipped): cols a multiple of kNormVector, every
+/// buffer 16-byte aligned.
+template <typename T>
+bool warpRows(int64_t cols, std::initializer_list<const T *> buffers) {
+  if (cols % kNormVector != 0)
+    return false;
+  for (const T *p : buffers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      return false;
+  return true;
+}
+
+template <typename T>
+__device__ void loadRow8(float (&v)[kNormVector], const T *p) {
+  alignas(16) T raw[kNormVector];
+  for (int b = 0; b < int(kNormVector * sizeof(T) / 16); ++b)
+    reinterpret_cast<uint4 *>(raw)[b] = reinterpret_cast<const uint4 *>(p)[b];
+  for (int e = 0; e < kNormVector; ++e)
+    v[e] = widen(raw[e]);
+}
+
+template <typename T>
+__device__ void storeRow8(T *p, const float (&v)[kNormVector]) {
+  alignas(16) T raw[kNormVector];
+  for (int e = 0; e < kNormVector; ++e)
+    raw[e] = static_cast<T>(v[e]);
+  for (int b = 0; b < int(kNormVector * sizeof(T) / 16); ++b)
+    reinterpret_cast<uint4 *>(p)[b] = reinterpret_cast<const uint4 *>(raw)[b];
+}
+
+/// The warp's row and the stride to its next one.
+__device__ inline int64_t warpRow() {
+  return (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+}
+__device__ inline int64_t warpRowStride() {
+  return int64_t(gridDim.x) * blockDim.x / 32;
+}
+
+/// rowMoments (as doubles: sum and sum of squares, or only the latter) of
+/// one row by a warp.
+template <typename T>
+__device__ float2 warpRowMoments(const T *x, int64_t cols, float eps,
+                                 bool centred) {
+  double sum = 0, sumSq = 0;
+  for (int64_t c = threadIdx.x % 32 * kNormVector; c < cols;
+       c += 32 * kNormVector) {
+    float v[kNormVector];
+    loadRow8(v, x + c);
+    for (int e = 0; e < kNormVector; ++e) {
+      sum += v[e];
+      sumSq += double(v[e]) * v[e];
+    }
+  }
+  sum = warpAllReduce(sum, Plus());
+  sumSq = warpAllReduce(sumSq, Plus());
+  if (!centred)
+    return make_float2(0.f, static_cast<float>(1.0 / sqrt(sumSq / cols + eps)));
+  const double mean = sum / cols;
+  double var = sumSq / cols - mean * mean;
+  var = var < 0.0 ? 0.0 : var;
+  return make_float2(static_cast<float>(mean),
+                     static_cast<float>(1.0 / sqrt(var + eps)));
+}
+
+/// layerNorm (centred, with bias when not null) or rmsNorm (not centred,
+/// no bias), a warp per row: y = (x - mean)·rstd·scale (+ bias).
+template <typename T>
+__global__ void __launch_bounds__(kNormWarpThreads)
+    normWarpKernel(T *y, const T *x, const T *scale, const T *bias,
+                   int64_t rows, int64_t cols, float eps, bool centred) {
+  for (int64_t row = warpRow(); row < rows; row += warpRowStride()) {
+    const T *xr = x + row * cols;
+    T *yr = y + row * cols;
+    const float2 mr = warpRowMoments(xr, cols, eps, centred);
+    for (int64_t c = threadIdx.x % 32 * kNormVector; c < cols;
+         c += 32 * kNormVector) {
+      float v[kNormVector], sc[kNormVector], b[kNormVector] = {};
+      loadRow8(v, xr + c);
+      loadRow8(sc, scale + c);
+      if (bias)
+        loadRow8(b, bias + c);
+      for (int e = 0; e < kNormVector; ++e) {
+        // The block kernels' expressions, operation for operation.
+        const float n =
+            centred ? (v[e] - mr.x) * mr.y * sc[e] : v[e] * mr.y * sc[e];
+        v[e] = bias ? n + b[e] : n;
+      }
+      storeRow8(yr + c, v);
+    }
+  }
+}
+
+/// dx of layerNorm (centred) or rmsNorm, a warp per row, saving each row's
+/// (mean, rstd) as the block kernels do.
+template <typename T>
+__global__ void __launch_bounds__(kNormWarpThreads)
+    normGradRowsWarpKernel(T *dx, float2 *stats, const T *x, const T *scale,
+                           const T *dy, int64_t rows, int64_t cols, float eps,
+                           bool centred) {
+  for (int64_t row = warpRow(); row < rows; row += warpRowStride()) {
+    const T *xr = x + row * cols, *gr = dy + row * cols;
+    T *dr = dx + row * cols;
+    const float2 mr = warpRowMoments(xr, cols, eps, centred);
+    const float m = mr.x, r = mr.y;
+    if (threadIdx.x % 32 == 0)
+      stats[row] = mr;
+    double sumG = 0, sumGX = 0;
+    for (int64_t c = threadIdx.x % 32 * kNormVector; c < cols;
+         c += 32 * kNormVector) {
+      float v[kNormVector], sc[kNormVector], d[kNormVector];
+      loadRow8(v, xr + c);
+      loadRow8(sc, scale + c);
+      loadRow8(d, gr + c);
+      for (int e = 0; e < kNormVector; ++e) {
+        const float g = d[e] * sc[e];
+        sumG += g;
+        sumGX += double(g) * ((v[e] - m) * r);
+      }
+    }
+    const float a =
+        centred ? static_cast<float>(warpAllReduce(sumG, Plus()) / cols) : 0.f;
+    const float b = static_cast<float>(warpAllReduce(sumGX, Plus()) / cols);
+    for (int64_t c = threadIdx.x % 32 * kNormVector; c < cols;
+         c += 32 * kNormVector) {
+      float v[kNormVector], sc[kNormVector], d[kNormVector];
+      loadRow8(v, xr + c);
+      loadRow8(sc, scale + c);
+      loadRow8(d, gr + c);
+      for (int e = 0; e < kNormVector; ++e) {
+        const float xhat = (v[e] - m) * r;
+        v[e] = centred ? r * (d[e] * sc[e] - a - xhat * b)
+                       : r * (d[e] * sc[e] - xhat * b);
+      }
+      storeRow8(dr + c, v);
+    }
+  }
+}
+
+/// A launch of a warp per row.
+LaunchConfig warpRowsFor(int64_t rows) {
+  const int64_t perBlock = kNormWarpThreads / 32;
+  return {static_cast<unsigned>(std::clamp<int64_t>(
+              (rows + perBlock - 1) / perBlock, 1, detail::kMaxGridBlocks)),
+          unsigned(kNormWarpThreads)};
+}
+
 /// dscale[j] = Σ_rows dy·x̂ and dbias[j] = Σ_rows dy (either nullable), with
 /// x̂ = (x - mean)·rstd from the saved row stats: a kColumnTile x
 /// kColumnLanes block per kColumnTile columns and part blockIdx.y of the
@@ -190,8 +347,8 @@ void launchNormColumnSums(detail::NoDeduce<T> *dscale,
   const int64_t tiles = (cols + kColumnTile - 1) / kColumnTile;
   const int64_t nParts = columnParts(tiles, rows);
   const int64_t partRows = (rows + nParts - 1) / nParts;
-  const unsigned blocks =
-      static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, detail::kMaxGridBlocks));
+  const unsigned blocks = static_cast<unsigned>(
+      std::clamp<int64_t>(tiles, 1, detail::kMaxGridBlocks));
   Scratch<double> parts(nParts > 1 ? 2 * nParts * cols : 0);
   FASTLLM_LAUNCH(dim3(blocks, unsigned(nParts)),
                  dim3(kColumnTile, kColumnLanes), 0, stream(),
@@ -205,8 +362,8 @@ void launchNormColumnSums(detail::NoDeduce<T> *dscale,
     if (out)
       FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
                      combinePartsKernel<T, double, Plus>)
-      (out, parts.get() + (out == dbias ? nParts * cols : 0), cols, nParts,
-       Plus(), 0);
+    (out, parts.get() + (out == dbias ? nParts * cols : 0), cols, nParts,
+     Plus(), 0);
     checkLaunch();
   }
 }
@@ -219,6 +376,13 @@ void layerNorm(T *y, const T *x, const T *scale,
                float eps) {
   if (rows == 0 || cols == 0)
     return;
+  if (warpRows<T>(cols, {y, x, scale, bias})) {
+    LaunchConfig launch = warpRowsFor(rows);
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   normWarpKernel<T>)
+    (y, x, scale, bias, rows, cols, eps, true);
+    return checkLaunch();
+  }
   LaunchConfig launch = rowsFor(rows);
   FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), layerNormKernel<T>)
   (y, x, scale, bias, rows, cols, eps);
@@ -232,7 +396,13 @@ void layerNormGrad(T *dx, detail::NoDeduce<T> *dscale,
   if (cols == 0)
     return;
   Scratch<float2> stats(rows);
-  if (rows > 0) {
+  if (rows > 0 && warpRows<T>(cols, {dx, x, scale, dy})) {
+    LaunchConfig launch = warpRowsFor(rows);
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   normGradRowsWarpKernel<T>)
+    (dx, stats.get(), x, scale, dy, rows, cols, eps, true);
+    checkLaunch();
+  } else if (rows > 0) {
     LaunchConfig launch = rowsFor(rows);
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
                    layerNormGradRowsKernel<T>)
@@ -247,6 +417,13 @@ void rmsNorm(T *y, const T *x, const T *scale, int64_t rows, int64_t cols,
              float eps) {
   if (rows == 0 || cols == 0)
     return;
+  if (warpRows<T>(cols, {y, x, scale})) {
+    LaunchConfig launch = warpRowsFor(rows);
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   normWarpKernel<T>)
+    (y, x, scale, nullptr, rows, cols, eps, false);
+    return checkLaunch();
+  }
   LaunchConfig launch = rowsFor(rows);
   FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(), rmsNormKernel<T>)
   (y, x, scale, rows, cols, eps);
@@ -259,7 +436,13 @@ void rmsNormGrad(T *dx, detail::NoDeduce<T> *dscale, const T *x, const T *scale,
   if (cols == 0)
     return;
   Scratch<float2> stats(rows);
-  if (rows > 0) {
+  if (rows > 0 && warpRows<T>(cols, {dx, x, scale, dy})) {
+    LaunchConfig launch = warpRowsFor(rows);
+    FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                   normGradRowsWarpKernel<T>)
+    (dx, stats.get(), x, scale, dy, rows, cols, eps, false);
+    checkLaunch();
+  } else if (rows > 0) {
     LaunchConfig launch = rowsFor(rows);
     FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
                    rmsNormGradRowsKernel<T>)

@@ -1153,29 +1153,34 @@ void checkLayerNorm(int64_t rows, int64_t cols) {
 TEST_F(CudaKernels, LayerNormAndGrad) {
   for (int64_t rows : {7, 700})
     checkLayerNorm(rows, 300);
+  for (int64_t rows : {9, 700})
+    checkLayerNorm(rows, 264); // a warp per row, 8 elements at a time
 }
 
 // Tests rmsNorm and its gradient, with more rows than a column block has
 // lanes.
 TEST_F(CudaKernels, RmsNormAndGrad) {
-  const int64_t rows = 37, cols = 70;
-  const float eps = 1e-6f;
-  auto x = randomReals(rows * cols), scale = randomReals(cols),
-       dy = randomReals(rows * cols);
-  DeviceArray<float> dx(x), dscale(scale), ddy(dy), out(rows * cols),
-      gx(rows * cols), gscale(cols);
-  rt::cuda::rmsNorm(out.get(), dx.get(), dscale.get(), rows, cols, eps);
-  std::vector<float> want(rows * cols);
-  rt::cpu::rmsNorm(want.data(), x.data(), scale.data(), rows, cols, eps);
-  EXPECT_TRUE(near(out.download(), want, 1e-5));
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 70},
+                            std::pair<int64_t, int64_t>{37, 264}}) {
+    SCOPED_TRACE(::testing::Message() << rows << " x " << cols);
+    const float eps = 1e-6f;
+    auto x = randomReals(rows * cols), scale = randomReals(cols),
+         dy = randomReals(rows * cols);
+    DeviceArray<float> dx(x), dscale(scale), ddy(dy), out(rows * cols),
+        gx(rows * cols), gscale(cols);
+    rt::cuda::rmsNorm(out.get(), dx.get(), dscale.get(), rows, cols, eps);
+    std::vector<float> want(rows * cols);
+    rt::cpu::rmsNorm(want.data(), x.data(), scale.data(), rows, cols, eps);
+    EXPECT_TRUE(near(out.download(), want, 1e-5));
 
-  rt::cuda::rmsNormGrad(gx.get(), gscale.get(), dx.get(), dscale.get(),
-                        ddy.get(), rows, cols, eps);
-  std::vector<float> wantX(rows * cols), wantScale(cols);
-  rt::cpu::rmsNormGrad(wantX.data(), wantScale.data(), x.data(), scale.data(),
-                       dy.data(), rows, cols, eps);
-  EXPECT_TRUE(near(gx.download(), wantX, 1e-5));
-  EXPECT_TRUE(near(gscale.download(), wantScale, 1e-5));
+    rt::cuda::rmsNormGrad(gx.get(), gscale.get(), dx.get(), dscale.get(),
+                          ddy.get(), rows, cols, eps);
+    std::vector<float> wantX(rows * cols), wantScale(cols);
+    rt::cpu::rmsNormGrad(wantX.data(), wantScale.data(), x.data(), scale.data(),
+                         dy.data(), rows, cols, eps);
+    EXPECT_TRUE(near(gx.download(), wantX, 1e-5));
+    EXPECT_TRUE(near(gscale.download(), wantScale, 1e-5));
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -1605,65 +1610,71 @@ TEST_F(CudaKernels, Bf16SoftmaxAndGrad) {
 // Tests bf16 layerNorm (with and without bias, the latter as `nullptr`) and
 // its gradient (with and without dbias): every tensor in bf16.
 TEST_F(CudaKernels, Bf16LayerNormAndGrad) {
-  const int64_t rows = 7, cols = 300;
-  const float eps = 1e-5f;
-  auto x = randomReals(rows * cols, 2, 5), scale = randomReals(cols),
-       bias = randomReals(cols), dy = randomReals(rows * cols);
-  DeviceArray<bf16> dx(roundToBf16(x)), dscale(roundToBf16(scale)),
-      dbias(roundToBf16(bias)), ddy(roundToBf16(dy));
-  for (bool withBias : {true, false}) {
-    SCOPED_TRACE(withBias ? "bias" : "no bias");
-    DeviceArray<bf16> out(rows * cols), gx(rows * cols), gscale(cols),
-        gbias(cols);
-    if (withBias)
-      rt::cuda::layerNorm(out.get(), dx.get(), dscale.get(), dbias.get(), rows,
-                          cols, eps);
-    else
-      rt::cuda::layerNorm(out.get(), dx.get(), dscale.get(), nullptr, rows,
-                          cols, eps);
-    std::vector<float> want(rows * cols);
-    rt::cpu::layerNorm(want.data(), x.data(), scale.data(),
-                       withBias ? bias.data() : nullptr, rows, cols, eps);
-    EXPECT_TRUE(near(widened(out.download()), want, kBf16Tol));
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{7, 300},
+                            std::pair<int64_t, int64_t>{9, 264}}) {
+    SCOPED_TRACE(::testing::Message() << rows << " x " << cols);
+    const float eps = 1e-5f;
+    auto x = randomReals(rows * cols, 2, 5), scale = randomReals(cols),
+         bias = randomReals(cols), dy = randomReals(rows * cols);
+    DeviceArray<bf16> dx(roundToBf16(x)), dscale(roundToBf16(scale)),
+        dbias(roundToBf16(bias)), ddy(roundToBf16(dy));
+    for (bool withBias : {true, false}) {
+      SCOPED_TRACE(withBias ? "bias" : "no bias");
+      DeviceArray<bf16> out(rows * cols), gx(rows * cols), gscale(cols),
+          gbias(cols);
+      if (withBias)
+        rt::cuda::layerNorm(out.get(), dx.get(), dscale.get(), dbias.get(), rows,
+                            cols, eps);
+      else
+        rt::cuda::layerNorm(out.get(), dx.get(), dscale.get(), nullptr, rows,
+                            cols, eps);
+      std::vector<float> want(rows * cols);
+      rt::cpu::layerNorm(want.data(), x.data(), scale.data(),
+                         withBias ? bias.data() : nullptr, rows, cols, eps);
+      EXPECT_TRUE(near(widened(out.download()), want, kBf16Tol));
 
-    rt::cuda::layerNormGrad(gx.get(), gscale.get(),
-                            withBias ? gbias.get() : nullptr, dx.get(),
-                            dscale.get(), ddy.get(), rows, cols, eps);
-    std::vector<float> wantX(rows * cols), wantScale(cols), wantBias(cols);
-    rt::cpu::layerNormGrad(wantX.data(), wantScale.data(),
-                           withBias ? wantBias.data() : nullptr, x.data(),
-                           scale.data(), dy.data(), rows, cols, eps);
-    EXPECT_TRUE(near(widened(gx.download()), wantX, kBf16Tol));
-    EXPECT_TRUE(near(widened(gscale.download()), wantScale, kBf16Tol));
-    if (withBias)
-      EXPECT_TRUE(near(widened(gbias.download()), wantBias, kBf16Tol));
+      rt::cuda::layerNormGrad(gx.get(), gscale.get(),
+                              withBias ? gbias.get() : nullptr, dx.get(),
+                              dscale.get(), ddy.get(), rows, cols, eps);
+      std::vector<float> wantX(rows * cols), wantScale(cols), wantBias(cols);
+      rt::cpu::layerNormGrad(wantX.data(), wantScale.data(),
+                             withBias ? wantBias.data() : nullptr, x.data(),
+                             scale.data(), dy.data(), rows, cols, eps);
+      EXPECT_TRUE(near(widened(gx.download()), wantX, kBf16Tol));
+      EXPECT_TRUE(near(widened(gscale.download()), wantScale, kBf16Tol));
+      if (withBias)
+        EXPECT_TRUE(near(widened(gbias.download()), wantBias, kBf16Tol));
+    }
   }
 }
 
 // Tests bf16 rmsNorm and its gradient, with and without dscale.
 TEST_F(CudaKernels, Bf16RmsNormAndGrad) {
-  const int64_t rows = 37, cols = 70;
-  const float eps = 1e-6f;
-  auto x = randomReals(rows * cols), scale = randomReals(cols),
-       dy = randomReals(rows * cols);
-  DeviceArray<bf16> dx(roundToBf16(x)), dscale(roundToBf16(scale)),
-      ddy(roundToBf16(dy)), out(rows * cols), gx(rows * cols), gscale(cols),
-      gxOnly(rows * cols);
-  rt::cuda::rmsNorm(out.get(), dx.get(), dscale.get(), rows, cols, eps);
-  std::vector<float> want(rows * cols);
-  rt::cpu::rmsNorm(want.data(), x.data(), scale.data(), rows, cols, eps);
-  EXPECT_TRUE(near(widened(out.download()), want, kBf16Tol));
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 70},
+                            std::pair<int64_t, int64_t>{37, 264}}) {
+    SCOPED_TRACE(::testing::Message() << rows << " x " << cols);
+    const float eps = 1e-6f;
+    auto x = randomReals(rows * cols), scale = randomReals(cols),
+         dy = randomReals(rows * cols);
+    DeviceArray<bf16> dx(roundToBf16(x)), dscale(roundToBf16(scale)),
+        ddy(roundToBf16(dy)), out(rows * cols), gx(rows * cols), gscale(cols),
+        gxOnly(rows * cols);
+    rt::cuda::rmsNorm(out.get(), dx.get(), dscale.get(), rows, cols, eps);
+    std::vector<float> want(rows * cols);
+    rt::cpu::rmsNorm(want.data(), x.data(), scale.data(), rows, cols, eps);
+    EXPECT_TRUE(near(widened(out.download()), want, kBf16Tol));
 
-  rt::cuda::rmsNormGrad(gx.get(), gscale.get(), dx.get(), dscale.get(),
-                        ddy.get(), rows, cols, eps);
-  rt::cuda::rmsNormGrad(gxOnly.get(), nullptr, dx.get(), dscale.get(),
-                        ddy.get(), rows, cols, eps);
-  std::vector<float> wantX(rows * cols), wantScale(cols);
-  rt::cpu::rmsNormGrad(wantX.data(), wantScale.data(), x.data(), scale.data(),
-                       dy.data(), rows, cols, eps);
-  EXPECT_TRUE(near(widened(gx.download()), wantX, kBf16Tol));
-  EXPECT_TRUE(near(widened(gscale.download()), wantScale, kBf16Tol));
-  EXPECT_EQ(bitsOf(gxOnly.download()), bitsOf(gx.download()));
+    rt::cuda::rmsNormGrad(gx.get(), gscale.get(), dx.get(), dscale.get(),
+                          ddy.get(), rows, cols, eps);
+    rt::cuda::rmsNormGrad(gxOnly.get(), nullptr, dx.get(), dscale.get(),
+                          ddy.get(), rows, cols, eps);
+    std::vector<float> wantX(rows * cols), wantScale(cols);
+    rt::cpu::rmsNormGrad(wantX.data(), wantScale.data(), x.data(), scale.data(),
+                         dy.data(), rows, cols, eps);
+    EXPECT_TRUE(near(widened(gx.download()), wantX, kBf16Tol));
+    EXPECT_TRUE(near(widened(gscale.download()), wantScale, kBf16Tol));
+    EXPECT_EQ(bitsOf(gxOnly.download()), bitsOf(gx.download()));
+  }
 }
 
 namespace {
