@@ -100,6 +100,17 @@ __global__ void copyRowsKernel(T *dst, int64_t dstPitch, const T *src,
   }
 }
 
+/// copyRowsKernel in 16-byte chunks: dst and src rows of `chunks` chunks
+/// each, dst rows `dstPitch` chunks apart, one chunk per thread.
+__global__ void copyRowChunksKernel(uint4 *dst, int64_t dstPitch,
+                                    const uint4 *src, int64_t rows,
+                                    int64_t chunks) {
+  for (int64_t e = globalThread(); e < rows * chunks; e += gridThreads()) {
+    const int64_t r = e / chunks, c = e - r * chunks;
+    dst[r * dstPitch + c] = src[e];
+  }
+}
+
 /// out[o][j][i] = in[o][wrap(idx[j])][i], one output element per thread.
 template <typename T, typename Idx>
 __global__ void gatherKernel(T *out, const T *in, const Idx *idx, int64_t total,
@@ -255,7 +266,20 @@ void concat(T *out, int numInputs, const T *const *ins, const int64_t *sizes,
   int64_t first = 0;
   for (int i = 0; i < numInputs; ++i) {
     const int64_t len = sizes[i] * inner;
-    if (len > 0 && outer > 0) { // an empty input may have no buffer
+    const bool chunked = (len * sizeof(T)) % 16 == 0 &&
+                         (outRow * sizeof(T)) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(out + first) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(ins[i]) % 16 == 0;
+    if (len > 0 && outer > 0 && chunked) {
+      const int64_t chunks = len * int64_t(sizeof(T)) / 16;
+      LaunchConfig launch = gridFor(outer * chunks);
+      FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                     copyRowChunksKernel)
+      (reinterpret_cast<uint4 *>(out + first),
+       outRow * int64_t(sizeof(T)) / 16,
+       reinterpret_cast<const uint4 *>(ins[i]), outer, chunks);
+      checkLaunch();
+    } else if (len > 0 && outer > 0) { // an empty input may have no buffer
       LaunchConfig launch = gridFor(outer * len);
       FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
                      copyRowsKernel<T>)

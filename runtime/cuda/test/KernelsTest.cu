@@ -911,6 +911,19 @@ TEST_F(CudaKernels, Concat) {
   const float *hostIns[] = {a.data(), nullptr, c.data()};
   rt::cpu::concat(want.data(), 3, hostIns, sizes, outer, inner);
   EXPECT_EQ(dout.download(), want);
+
+  // Rows of whole 16-byte chunks go in chunks, the others element by
+  // element, in one call: sizes 2, 1, 3 of inner 2 are 32, 8 (and then
+  // misaligned) and 24 bytes.
+  const int64_t mixed[] = {2, 1, 3};
+  auto x = randomReals(7 * 4), y = randomReals(7 * 2), z = randomReals(7 * 6);
+  DeviceArray<float> dx(x), dy(y), dz(z), dmixed(7 * 12);
+  const float *mixedIns[] = {dx.get(), dy.get(), dz.get()};
+  rt::cuda::concat(dmixed.get(), 3, mixedIns, mixed, 7, 2);
+  std::vector<float> wantMixed(7 * 12);
+  const float *hostMixed[] = {x.data(), y.data(), z.data()};
+  rt::cpu::concat(wantMixed.data(), 3, hostMixed, mixed, 7, 2);
+  EXPECT_EQ(dmixed.download(), wantMixed);
 }
 
 // Tests gather with negative indices (int64) and with inner = 1 (int32).
