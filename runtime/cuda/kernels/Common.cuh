@@ -63,6 +63,7 @@ inline constexpr unsigned kFullMask = 0xffffffffu;
 /// depends on the shape alone, so the sums are the same on every GPU.
 inline constexpr int64_t kColumnBlocks = 1024;
 inline constexpr int64_t kMinPartRows = 64;
+inline constexpr int kCombineThreads = 64;
 
 /// How many parts `rows` rows are cut into for `tiles` column tiles.
 inline int64_t columnParts(int64_t tiles, int64_t rows) {
@@ -72,7 +73,8 @@ inline int64_t columnParts(int64_t tiles, int64_t rows) {
 }
 
 /// out[o] = parts[0][o] ⊕ parts[1][o] ⊕ ... (parts [nParts][count]) in part
-/// order, divided by meanCount when it is above 0.
+/// order, divided by meanCount when it is above 0. Launch it with
+/// kCombineThreads per block: a few thousand outputs make more blocks.
 template <typename T, typename Acc, typename Combine>
 __global__ void combinePartsKernel(T *out, const Acc *parts, int64_t count,
                                    int64_t nParts, Combine combine,
@@ -80,7 +82,16 @@ __global__ void combinePartsKernel(T *out, const Acc *parts, int64_t count,
   for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < count;
        o += int64_t(gridDim.x) * blockDim.x) {
     Acc acc = parts[o];
-    for (int64_t p = 1; p < nParts; ++p)
+    int64_t p = 1;
+    // Eight loads in flight, then their values in order.
+    for (; p + 8 <= nParts; p += 8) {
+      Acc x[8];
+      for (int k = 0; k < 8; ++k)
+        x[k] = parts[(p + k) * count + o];
+      for (int k = 0; k < 8; ++k)
+        acc = combine(acc, x[k]);
+    }
+    for (; p < nParts; ++p)
       acc = combine(acc, parts[p * count + o]);
     out[o] = static_cast<T>(meanCount > 0 ? acc / meanCount : acc);
   }
@@ -169,6 +180,7 @@ using detail::gridThreads;
 using detail::isIgnored;
 using detail::columnParts;
 using detail::combinePartsKernel;
+using detail::kCombineThreads;
 using detail::kColumnLanes;
 using detail::kColumnTile;
 using detail::kFullMask;

@@ -357,7 +357,7 @@ void launchNormColumnSums(detail::NoDeduce<T> *dscale,
   checkLaunch();
   if (nParts == 1)
     return;
-  const LaunchConfig launch = gridFor(cols);
+  const LaunchConfig launch = gridFor(cols, kCombineThreads);
   for (T *out : {dscale, dbias}) {
     if (out)
       FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),

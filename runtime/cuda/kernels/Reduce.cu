@@ -197,7 +197,7 @@ void launchReduce(T *out, const T *in, const detail::ReducePlan &plan, Acc init,
      init, combine, meanCount, partCount);
     checkLaunch();
     if (nParts > 1) {
-      LaunchConfig launch = gridFor(plan.keptCount);
+      LaunchConfig launch = gridFor(plan.keptCount, kCombineThreads);
       FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
                      combinePartsKernel<T, Acc, Combine>)
       (out, parts.get(), plan.keptCount, nParts, combine, meanCount);
@@ -215,7 +215,7 @@ void launchReduce(T *out, const T *in, const detail::ReducePlan &plan, Acc init,
     (out, parts.get(), in, plan, init, combine, meanCount, partCount);
     checkLaunch();
     if (nParts > 1) {
-      LaunchConfig launch = gridFor(plan.keptCount);
+      LaunchConfig launch = gridFor(plan.keptCount, kCombineThreads);
       FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
                      combinePartsKernel<T, Acc, Combine>)
       (out, parts.get(), plan.keptCount, nParts, combine, meanCount);
