@@ -14,6 +14,8 @@ line per run:
                for the dense weights, 12 L d T for attention's two batched
                matmuls forward and backward), against the H100 SXM's dense
                BF16 peak of 989 TFLOP/s
+    determinism  the fastllm binary runs twice on the same data: whether
+               its losses repeat bit for bit (the metrics' %.9g values)
     memory     fastllm: the arena the plan sized (metrics mem_bytes, measured
                as the drop in free GPU memory); PyTorch:
                torch.cuda.max_memory_allocated
@@ -173,14 +175,23 @@ def main():
     n_params = sum(math.prod(p["shape"]) for p in plan["params"])
     data = token_file(work)
     metrics = os.path.join(out, "metrics.jsonl")
-    subprocess.run([os.path.join(out, "train"), "--data", data, "--steps", str(args.steps),
-                    "--lr", "3e-4", "--metrics", metrics, "--overwrite"], check=True)
-    lines = [json.loads(line) for line in open(metrics)][args.warmup:]
+    runs = []
+    for _ in range(2):  # the second run checks that the losses repeat bit for bit
+        subprocess.run([os.path.join(out, "train"), "--data", data, "--steps",
+                        str(args.steps), "--lr", "3e-4", "--metrics", metrics,
+                        "--overwrite"], check=True)
+        runs.append([json.loads(line) for line in open(metrics)])
+    lines = runs[0][args.warmup:]
     step_s = statistics.median(line["step_ms"] for line in lines) / 1e3
     print(f"GPT-2 124M: {n_params} parameters, batch {args.batch} x seq {SEQ}, "
           f"FLOPs per token {flops_per_token(n_params):.3e}")
     report(f"fastllm-opt ({args.precision})", args.batch * SEQ / step_s, n_params,
            lines[0]["mem_bytes"])
+    losses = [[line["loss"] for line in run] for run in runs]
+    differ = [i + 1 for i, (a, b) in enumerate(zip(*losses)) if a != b]
+    print(f"fastllm-opt determinism: two runs, {len(losses[0])} steps: " +
+          ("losses identical" if not differ and len(losses[0]) == len(losses[1])
+           else f"losses differ from step {differ[0] if differ else '?'}"))
 
     try:
         import torch
