@@ -56,21 +56,9 @@ inline constexpr int kColumnLanes = 16;
 
 inline constexpr unsigned kFullMask = 0xffffffffu;
 
-/// Those kernels cut the rows into parts when the columns alone give too
-/// few blocks (768 columns are 24 blocks for 132 SMs): about kColumnBlocks
-/// blocks in all, each part at least kMinPartRows rows. Each part's sums go
-/// to scratch, then combinePartsKernel adds the parts in order: the count
-/// depends on the shape alone, so the sums are the same on every GPU.
-inline constexpr int64_t kColumnBlocks = 1024;
-inline constexpr int64_t kMinPartRows = 64;
+/// Threads per block of combinePartsKernel (columnParts' second phase,
+/// Plans.cuh).
 inline constexpr int kCombineThreads = 64;
-
-/// How many parts `rows` rows are cut into for `tiles` column tiles.
-inline int64_t columnParts(int64_t tiles, int64_t rows) {
-  const int64_t want = (kColumnBlocks + tiles - 1) / tiles;
-  const int64_t most = rows / kMinPartRows;
-  return std::max<int64_t>(1, std::min<int64_t>({want, most, 65535}));
-}
 
 /// out[o] = parts[0][o] ⊕ parts[1][o] ⊕ ... (parts [nParts][count]) in part
 /// order, divided by meanCount when it is above 0. Launch it with

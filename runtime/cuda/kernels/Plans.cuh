@@ -15,6 +15,7 @@
 #include "runtime/KernelPlans.h"
 #include "runtime/cuda/Kernels.cuh"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -114,6 +115,23 @@ struct ReducePlan {
 /// Plans reduce over the dims flagged in `reducedDims` (no dim empty), from
 /// runtime/KernelPlans.h's ReduceDims.
 ReducePlan planReduce(int rank, const int64_t *shape, const bool *reducedDims);
+
+/// The kernels that sum over rows into columns (reduce along a
+/// non-contiguous dim, norm gradients) cut the rows into parts when the
+/// columns alone give too few blocks (768 columns are 24 blocks of 32 for
+/// 132 SMs): about kColumnBlocks blocks in all, each part at least
+/// kMinPartRows rows. Each part's sums go to scratch, then combinePartsKernel
+/// adds the parts in order: the count depends on the shape alone, so the
+/// sums are the same on every GPU.
+inline constexpr int64_t kColumnBlocks = 1024;
+inline constexpr int64_t kMinPartRows = 64;
+
+/// How many parts `rows` rows are cut into for `tiles` column tiles.
+inline int64_t columnParts(int64_t tiles, int64_t rows) {
+  const int64_t want = (kColumnBlocks + tiles - 1) / tiles;
+  const int64_t most = rows / kMinPartRows;
+  return std::max<int64_t>(1, std::min<int64_t>({want, most, 65535}));
+}
 
 //===----------------------------------------------------------------------===//
 // Attention (Attention.cu, AttentionTensorCore.cu)

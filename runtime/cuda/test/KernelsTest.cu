@@ -240,6 +240,30 @@ TEST(CudaKernelsHost, PlanReduce) {
   EXPECT_EQ(r.keptCount, 12);
 }
 
+// Tests the column sums' parts at GPT-2 124M's shapes (8192 rows; bias and
+// LayerNorm columns 768, 2304, 3072; tiles of 32 columns for norms and
+// strided reduce, 256 for reduceColumnsKernel): every launch fills the 132
+// SMs of an H100 with at least 64 rows a part, a small problem is not cut,
+// and the count depends on the shape alone.
+TEST(CudaKernelsHost, ColumnPartsFillTheGpu) {
+  using rt::cuda::detail::columnParts;
+  for (int64_t cols : {768, 2304, 3072})
+    for (int64_t tile : {32, 256}) {
+      const int64_t tiles = (cols + tile - 1) / tile;
+      const int64_t parts = columnParts(tiles, 8192);
+      SCOPED_TRACE(::testing::Message()
+                   << cols << " columns, tiles of " << tile << ": " << tiles
+                   << " x " << parts << " blocks");
+      EXPECT_GE(tiles * parts, 132);
+      EXPECT_LE(tiles * parts, 2 * 1024);
+      EXPECT_GE(8192 / parts, 64);
+    }
+  EXPECT_EQ(columnParts(3, 100), 1);  // 100 rows: one part
+  EXPECT_EQ(columnParts(1, 64), 1);
+  EXPECT_EQ(columnParts(2, 10000), 156);  // rows / 64 bounds it
+  EXPECT_EQ(columnParts(24, 8192), 43);
+}
+
 // Tests that gatherGrad's bands depend on the shapes only, make about 1024
 // blocks, and never exceed the table's rows.
 TEST(CudaKernelsHost, GatherGradBands) {
