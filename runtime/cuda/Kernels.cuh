@@ -227,24 +227,33 @@ __device__ auto callAt(F &f, const int64_t *offsets, std::index_sequence<I...>,
   return f(ins[offsets[I]]...);
 }
 
+/// Each input's offset for flat output index i, from the collapsed
+/// multi-index; the outermost dim needs no division.
+template <int N>
+__device__ void elementOffsets(const ElementwiseLayout<N> &layout, int64_t i,
+                               int64_t (&offsets)[N > 0 ? N : 1]) {
+  for (int k = 0; k < N; ++k)
+    offsets[k] = 0;
+  int64_t rest = i;
+  for (int d = layout.rank - 1; d > 0; --d) {
+    int64_t index = rest % layout.shape[d];
+    rest /= layout.shape[d];
+    for (int k = 0; k < N; ++k)
+      offsets[k] += index * layout.strides[k][d];
+  }
+  if (layout.rank > 0)
+    for (int k = 0; k < N; ++k)
+      offsets[k] += rest * layout.strides[k][0];
+}
+
 /// out[i] = f(in0[offset0(i)], in1[offset1(i)], ...) for every flat output
-/// index i, one per thread (grid-stride). The offsets come from the
-/// collapsed multi-index; the outermost dim needs no division.
+/// index i, one per thread (grid-stride), at elementOffsets.
 template <typename Out, typename F, int N, typename... T>
 __global__ void elementwiseKernel(Out *out, F f, ElementwiseLayout<N> layout,
                                   const T *...ins) {
   for (int64_t i = globalThread(); i < layout.total; i += gridThreads()) {
-    int64_t offsets[N > 0 ? N : 1] = {};
-    int64_t rest = i;
-    for (int d = layout.rank - 1; d > 0; --d) {
-      int64_t index = rest % layout.shape[d];
-      rest /= layout.shape[d];
-      for (int k = 0; k < N; ++k)
-        offsets[k] += index * layout.strides[k][d];
-    }
-    if (layout.rank > 0)
-      for (int k = 0; k < N; ++k)
-        offsets[k] += rest * layout.strides[k][0];
+    int64_t offsets[N > 0 ? N : 1];
+    elementOffsets(layout, i, offsets);
     out[i] = static_cast<Out>(
         callAt(f, offsets, std::index_sequence_for<T...>{}, ins...));
   }
@@ -293,16 +302,8 @@ __global__ void elementwiseVectorKernel(Out *out, F f,
   for (int64_t vec = globalThread(); vec < layout.total / V;
        vec += gridThreads()) {
     const int64_t i = vec * V;
-    int64_t offsets[N > 0 ? N : 1] = {};
-    int64_t rest = i;
-    for (int d = layout.rank - 1; d > 0; --d) {
-      int64_t index = rest % layout.shape[d];
-      rest /= layout.shape[d];
-      for (int k = 0; k < N; ++k)
-        offsets[k] += index * layout.strides[k][d];
-    }
-    for (int k = 0; k < N; ++k)
-      offsets[k] += rest * layout.strides[k][0];
+    int64_t offsets[N > 0 ? N : 1];
+    elementOffsets(layout, i, offsets);
     alignas(16) unsigned char raw[N > 0 ? N : 1][V * 8];
     int k = 0;
     ((loadVector(raw[k], ins, offsets[k],

@@ -422,15 +422,9 @@ unsigned tcAttentionBlocks(int64_t batch, int64_t t) {
 /// three kernels' shared memory within the GPU's limit.
 bool useTensorCores(int64_t d, int64_t dv,
                     std::initializer_list<const void *> pointers) {
-  if (!detail::tensorCoreAttentionShape(d, dv))
+  if (!detail::tensorCoreAttentionShape(d, dv) || !detail::aligned16(pointers))
     return false;
-  for (const void *p : pointers)
-    if (reinterpret_cast<uintptr_t>(p) % 16)
-      return false;
-  int device = 0, limit = 0;
-  FASTLLM_CUDA_CHECK(cudaGetDevice(&device));
-  FASTLLM_CUDA_CHECK(cudaDeviceGetAttribute(
-      &limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int limit = detail::sharedMemoryLimit();
   for (auto kernel : {detail::AttentionKernel::TcForward,
                       detail::AttentionKernel::TcQueryGrad,
                       detail::AttentionKernel::TcKeyValueGrad})

@@ -85,6 +85,22 @@ __global__ void combinePartsKernel(T *out, const Acc *parts, int64_t count,
   }
 }
 
+/// A column-sum launch: blocks of `tileCols` columns along x (at most
+/// kMaxGridBlocks, grid-stride beyond), columnParts' parts of `partRows`
+/// rows along y.
+struct ColumnGrid {
+  dim3 grid;
+  int64_t parts, partRows;
+};
+
+inline ColumnGrid columnGrid(int64_t cols, int64_t tileCols, int64_t rows) {
+  const int64_t tiles = (cols + tileCols - 1) / tileCols;
+  const int64_t parts = columnParts(tiles, rows);
+  return {dim3(unsigned(std::clamp<int64_t>(tiles, 1, kMaxGridBlocks)),
+               unsigned(parts)),
+          parts, (rows + parts - 1) / parts};
+}
+
 /// Device memory for the temporaries of one call, from the stream-ordered
 /// allocator: allocated and freed in order on stream(), so nothing waits,
 /// and the pool serves it again on later calls. Zero elements allocate
@@ -111,6 +127,21 @@ private:
 
 /// Aborts with CUDA's reason when the last launch failed.
 inline void checkLaunch() { FASTLLM_CUDA_CHECK(cudaGetLastError()); }
+
+/// The second phase of a column sum cut into `nParts` parts: out from
+/// parts (combinePartsKernel); nothing when there was one part (the first
+/// phase wrote out).
+template <typename T, typename Acc, typename Combine>
+void combineParts(T *out, const Acc *parts, int64_t count, int64_t nParts,
+                  Combine combine, int64_t meanCount) {
+  if (nParts <= 1)
+    return;
+  const LaunchConfig launch = gridFor(count, kCombineThreads);
+  FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
+                 combinePartsKernel<T, Acc, Combine>)
+  (out, parts, count, nParts, combine, meanCount);
+  checkLaunch();
+}
 
 struct Plus {
   template <typename T> __device__ T operator()(T a, T b) const {
@@ -160,17 +191,19 @@ namespace fastllm::rt::cuda {
 using detail::blockAllReduce;
 using detail::checkedTarget;
 using detail::checkLaunch;
+using detail::ColumnGrid;
+using detail::columnGrid;
+using detail::columnParts;
+using detail::combineParts;
 using detail::ComputeType;
 using detail::contiguousStrides;
 using detail::globalThread;
 using detail::gridFor;
 using detail::gridThreads;
 using detail::isIgnored;
-using detail::columnParts;
-using detail::combinePartsKernel;
-using detail::kCombineThreads;
 using detail::kColumnLanes;
 using detail::kColumnTile;
+using detail::kCombineThreads;
 using detail::kFullMask;
 using detail::kSingleBlockThreads;
 using detail::LaunchConfig;

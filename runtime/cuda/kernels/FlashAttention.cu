@@ -53,7 +53,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 /// A shared tile's row stride, in bf16: 16 bytes past the row, so that rows
 /// 0..7 start 4 banks apart and an ldmatrix's 8 rows are conflict-free.
 template <int D> constexpr int kRowStride = D + kPad;
-template <int D> constexpr int kTileElems = kRows * kRowStride<D>;
+template <int D> constexpr int kTileElems = kRows *kRowStride<D>;
 
 /// Starts copying rows [first, first + 64) of the bf16 [t][D] matrix src
 /// into tile (rows at or past t become zeros); every thread of the block.
@@ -166,6 +166,24 @@ __device__ void storeRows(Bf16 *dst, const float (&acc)[D / 8][4], int row0,
   }
 }
 
+/// The key tiles' double buffering, at step jt of 0..last: starts copying
+/// key and value tile jt + 1 (when there is one) into the buffer step jt - 1
+/// used, then waits for this thread's copies of tile jt. A barrier must
+/// follow before the tile is read.
+template <int D>
+__device__ void nextKeyValueTile(Bf16 *ks, Bf16 *vs, const Bf16 *k,
+                                 const Bf16 *v, int jt, int last, int t) {
+  if (jt < last) {
+    const int other = (1 - jt % 2) * kTileElems<D>;
+    loadTile<D>(ks + other, k, (jt + 1) * kRows, t);
+    loadTile<D>(vs + other, v, (jt + 1) * kRows, t);
+    cpAsyncCommit();
+    cpAsyncWait<1>();
+  } else {
+    cpAsyncWait<0>();
+  }
+}
+
 /// The sum over the 4 lanes of a quad (the lanes holding one row).
 __device__ float quadSum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -207,14 +225,7 @@ __global__ void __launch_bounds__(kThreads)
   const int last = i0 / kRows; // the diagonal key tile
   for (int jt = 0; jt <= last; ++jt) {
     const int buf = jt % 2;
-    if (jt < last) {
-      loadTile<D>(ks + (1 - buf) * tile, k, (jt + 1) * kRows, t);
-      loadTile<D>(vs + (1 - buf) * tile, v, (jt + 1) * kRows, t);
-      cpAsyncCommit();
-      cpAsyncWait<1>();
-    } else {
-      cpAsyncWait<0>();
-    }
+    nextKeyValueTile<D>(ks, vs, k, v, jt, last, t);
     __syncthreads(); // every thread's copies of this tile are in
     float s[8][4] = {};
     rowsTimesRowsT<D>(s, qs, r0, ks + buf * tile, 0);
@@ -296,8 +307,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int tile = kTileElems<D>;
   Bf16 *ks = reinterpret_cast<Bf16 *>(raw);
   Bf16 *vs = ks + tile;
-  Bf16 *qs = vs + tile;   // two tiles
-  Bf16 *dos = qs + 2 * tile; // two tiles
+  Bf16 *qs = vs + tile;                                    // two tiles
+  Bf16 *dos = qs + 2 * tile;                               // two tiles
   float *lses = reinterpret_cast<float *>(dos + 2 * tile); // [2][64]
   float *dsums = lses + 2 * kRows;                         // [2][64]
   const int tiles = (t + kRows - 1) / kRows;
@@ -423,14 +434,7 @@ __global__ void __launch_bounds__(kThreads)
   const int last = i0 / kRows;
   for (int jt = 0; jt <= last; ++jt) {
     const int buf = jt % 2;
-    if (jt < last) {
-      loadTile<D>(ks + (1 - buf) * tile, k, (jt + 1) * kRows, t);
-      loadTile<D>(vs + (1 - buf) * tile, v, (jt + 1) * kRows, t);
-      cpAsyncCommit();
-      cpAsyncWait<1>();
-    } else {
-      cpAsyncWait<0>();
-    }
+    nextKeyValueTile<D>(ks, vs, k, v, jt, last, t);
     __syncthreads(); // this tile's copies (and rowDots) are in
     if (jt == 0)
       for (int h = 0; h < 2; ++h)
@@ -480,14 +484,8 @@ bool flashFits(int64_t batch, int64_t t,
   if (t * D > std::numeric_limits<int>::max() ||
       batch * ((t + kRows - 1) / kRows) > std::numeric_limits<int>::max())
     return false;
-  for (const void *p : pointers)
-    if (reinterpret_cast<uintptr_t>(p) % 16)
-      return false;
-  int device = 0, limit = 0;
-  FASTLLM_CUDA_CHECK(cudaGetDevice(&device));
-  FASTLLM_CUDA_CHECK(cudaDeviceGetAttribute(
-      &limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return bytes <= size_t(limit);
+  return detail::aligned16(pointers) &&
+         bytes <= size_t(detail::sharedMemoryLimit());
 }
 
 template <int D>

@@ -344,28 +344,16 @@ void launchNormColumnSums(detail::NoDeduce<T> *dscale,
                           const float2 *stats, int64_t rows, int64_t cols) {
   if (!dscale && !dbias)
     return;
-  const int64_t tiles = (cols + kColumnTile - 1) / kColumnTile;
-  const int64_t nParts = columnParts(tiles, rows);
-  const int64_t partRows = (rows + nParts - 1) / nParts;
-  const unsigned blocks = static_cast<unsigned>(
-      std::clamp<int64_t>(tiles, 1, detail::kMaxGridBlocks));
-  Scratch<double> parts(nParts > 1 ? 2 * nParts * cols : 0);
-  FASTLLM_LAUNCH(dim3(blocks, unsigned(nParts)),
-                 dim3(kColumnTile, kColumnLanes), 0, stream(),
+  const ColumnGrid g = columnGrid(cols, kColumnTile, rows);
+  Scratch<double> parts(g.parts > 1 ? 2 * g.parts * cols : 0);
+  FASTLLM_LAUNCH(g.grid, dim3(kColumnTile, kColumnLanes), 0, stream(),
                  normColumnSumsKernel<T>)
-  (dscale, dbias, parts.get(), x, dy, stats, rows, cols, partRows);
+  (dscale, dbias, parts.get(), x, dy, stats, rows, cols, g.partRows);
   checkLaunch();
-  if (nParts == 1)
-    return;
-  const LaunchConfig launch = gridFor(cols, kCombineThreads);
-  for (T *out : {dscale, dbias}) {
-    if (out)
-      FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                     combinePartsKernel<T, double, Plus>)
-    (out, parts.get() + (out == dbias ? nParts * cols : 0), cols, nParts,
-     Plus(), 0);
-    checkLaunch();
-  }
+  if (dscale)
+    combineParts(dscale, parts.get(), cols, g.parts, Plus(), 0);
+  if (dbias)
+    combineParts(dbias, parts.get() + g.parts * cols, cols, g.parts, Plus(), 0);
 }
 
 } // namespace

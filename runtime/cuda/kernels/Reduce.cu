@@ -5,8 +5,8 @@
 // outputs and part of the reduced elements (columnParts: enough parts to
 // fill the GPU), 16 threads summing each, combined in lane order, the parts
 // then combined in order; a [rows, cols] matrix summed over its rows reads 8
-// columns per thread with 16-byte loads (reduceColumnsKernel). The walk is planReduce's (Plans.cuh), built on
-// runtime/KernelPlans.h's ReduceDims.
+// columns per thread with 16-byte loads (reduceColumnsKernel). The walk is
+// planReduce's (Plans.cuh), built on runtime/KernelPlans.h's ReduceDims.
 //
 //===----------------------------------------------------------------------===//
 
@@ -123,11 +123,10 @@ constexpr int kColumnVectorLanes = 8;
 /// with 16-byte loads, its row lanes combined in lane order; outputs or
 /// parts as reduceStridedKernel's.
 template <typename T, typename Acc, typename Combine>
-__global__ void reduceColumnsKernel(T *out, Acc *parts, const T *in,
-                                    int64_t rows, int64_t cols,
-                                    int64_t rowStride, Acc init,
-                                    Combine combine, int64_t meanCount,
-                                    int64_t partCount) {
+__global__ void
+reduceColumnsKernel(T *out, Acc *parts, const T *in, int64_t rows, int64_t cols,
+                    int64_t rowStride, Acc init, Combine combine,
+                    int64_t meanCount, int64_t partCount) {
   constexpr int V = kColumnVector;
   __shared__ Acc partial[kColumnVectorLanes][32][V];
   const int64_t first = int64_t(blockIdx.y) * partCount;
@@ -141,7 +140,8 @@ __global__ void reduceColumnsKernel(T *out, Acc *parts, const T *in,
     if (col < cols)
       for (int64_t r = first + threadIdx.y; r < end; r += blockDim.y) {
         alignas(16) T x[V];
-        const uint4 *src = reinterpret_cast<const uint4 *>(in + r * rowStride + col);
+        const uint4 *src =
+            reinterpret_cast<const uint4 *>(in + r * rowStride + col);
         for (int b = 0; b < int(V * sizeof(T) / 16); ++b)
           reinterpret_cast<uint4 *>(x)[b] = src[b];
         for (int e = 0; e < V; ++e)
@@ -183,43 +183,23 @@ void launchReduce(T *out, const T *in, const detail::ReducePlan &plan, Acc init,
                    reduceContiguousKernel<T, Acc, Combine>)
     (out, in, plan, init, combine, meanCount);
   } else if (reducesColumns(plan, in)) {
-    const int64_t tileCols = 32 * kColumnVector;
-    const int64_t tiles = (plan.keptCount + tileCols - 1) / tileCols;
-    const int64_t nParts = columnParts(tiles, plan.redCount);
-    const int64_t partCount = (plan.redCount + nParts - 1) / nParts;
-    const unsigned blocks = static_cast<unsigned>(
-        std::clamp<int64_t>(tiles, 1, detail::kMaxGridBlocks));
-    Scratch<Acc> parts(nParts > 1 ? nParts * plan.keptCount : 0);
-    FASTLLM_LAUNCH(dim3(blocks, unsigned(nParts)),
-                   dim3(32, kColumnVectorLanes), 0, stream(),
+    const ColumnGrid g =
+        columnGrid(plan.keptCount, 32 * kColumnVector, plan.redCount);
+    Scratch<Acc> parts(g.parts > 1 ? g.parts * plan.keptCount : 0);
+    FASTLLM_LAUNCH(g.grid, dim3(32, kColumnVectorLanes), 0, stream(),
                    reduceColumnsKernel<T, Acc, Combine>)
     (out, parts.get(), in, plan.redCount, plan.keptCount, plan.red.strides[0],
-     init, combine, meanCount, partCount);
+     init, combine, meanCount, g.partRows);
     checkLaunch();
-    if (nParts > 1) {
-      LaunchConfig launch = gridFor(plan.keptCount, kCombineThreads);
-      FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                     combinePartsKernel<T, Acc, Combine>)
-      (out, parts.get(), plan.keptCount, nParts, combine, meanCount);
-    }
+    combineParts(out, parts.get(), plan.keptCount, g.parts, combine, meanCount);
   } else {
-    const int64_t tiles = (plan.keptCount + kColumnTile - 1) / kColumnTile;
-    const int64_t nParts = columnParts(tiles, plan.redCount);
-    const int64_t partCount = (plan.redCount + nParts - 1) / nParts;
-    const unsigned blocks = static_cast<unsigned>(
-        std::clamp<int64_t>(tiles, 1, detail::kMaxGridBlocks));
-    Scratch<Acc> parts(nParts > 1 ? nParts * plan.keptCount : 0);
-    FASTLLM_LAUNCH(dim3(blocks, unsigned(nParts)),
-                   dim3(kColumnTile, kColumnLanes), 0, stream(),
+    const ColumnGrid g = columnGrid(plan.keptCount, kColumnTile, plan.redCount);
+    Scratch<Acc> parts(g.parts > 1 ? g.parts * plan.keptCount : 0);
+    FASTLLM_LAUNCH(g.grid, dim3(kColumnTile, kColumnLanes), 0, stream(),
                    reduceStridedKernel<T, Acc, Combine>)
-    (out, parts.get(), in, plan, init, combine, meanCount, partCount);
+    (out, parts.get(), in, plan, init, combine, meanCount, g.partRows);
     checkLaunch();
-    if (nParts > 1) {
-      LaunchConfig launch = gridFor(plan.keptCount, kCombineThreads);
-      FASTLLM_LAUNCH(launch.blocks, launch.threads, 0, stream(),
-                     combinePartsKernel<T, Acc, Combine>)
-      (out, parts.get(), plan.keptCount, nParts, combine, meanCount);
-    }
+    combineParts(out, parts.get(), plan.keptCount, g.parts, combine, meanCount);
   }
   checkLaunch();
 }
